@@ -1,0 +1,21 @@
+"""The hooks through which plugins (the built-ins included) extend autofuse.
+
+A plugin is a module or object with functions decorated by ``autofuse.hookimpl``
+whose names match the specs below; it reaches autofuse through the ``autofuse``
+entry-point group (see README, "Writing a plugin").
+"""
+
+from pluggy import HookimplMarker, HookspecMarker
+
+hookspec = HookspecMarker("autofuse")
+hookimpl = HookimplMarker("autofuse")
+
+
+@hookspec
+def autofuse_register_problems():
+    """Return a list of ``autofuse.Problem`` instances to add to the registry."""
+
+
+@hookspec
+def autofuse_register_variants():
+    """Return a list of ``autofuse.Variant`` subclasses (each names its problem)."""

@@ -1,0 +1,73 @@
+"""The plugin manager, built lazily on first use (never at import time).
+
+Environment:
+  AUTOFUSE_BLOCK_PLUGINS  comma-separated entry-point names to skip (e.g. ``gemm_bn.simplified``)
+  AUTOFUSE_PLUGINS        comma-separated importable modules to register as plugins without an
+                          entry point (handy for local experiments; worker subprocesses inherit it)
+  AUTOFUSE_TRACE_PLUGINS  set to 1 to print every hook call to stderr
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+
+import pluggy
+
+from autofuse import hookspecs
+from autofuse.errors import PluginError
+
+ENTRY_POINT_GROUP = "autofuse"
+
+_lock = threading.Lock()
+_manager: pluggy.PluginManager | None = None
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def _build() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("autofuse")
+    pm.add_hookspecs(hookspecs)
+    for name in _env_list("AUTOFUSE_BLOCK_PLUGINS"):
+        pm.set_blocked(name)
+    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for module_name in _env_list("AUTOFUSE_PLUGINS"):
+        if pm.is_blocked(module_name):
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PluginError(
+                f"AUTOFUSE_PLUGINS names module {module_name!r}, which cannot be imported: {exc}"
+            ) from exc
+        if not pm.is_registered(module):
+            pm.register(module, name=module_name)
+    # A misspelled hook name in a plugin fails here rather than being silently ignored.
+    pm.check_pending()
+    if os.environ.get("AUTOFUSE_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    return pm
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager, loading entry points on the first call."""
+    global _manager
+    with _lock:
+        if _manager is None:
+            _manager = _build()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget the manager and the registry built from it (tests, after changing plugins)."""
+    global _manager
+    with _lock:
+        _manager = None
+    from autofuse import registry
+
+    registry.clear_cache()

@@ -1,0 +1,128 @@
+"""The registry: hook results folded into dicts keyed by name.
+
+A duplicate name fails naming both plugins; an unknown name lists the known ones.
+Built once per plugin manager (``plugins.reset_plugin_manager`` clears it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from autofuse.errors import PluginError, UnknownNameError
+from autofuse.plugins import get_plugin_manager
+from autofuse.problem import Problem
+from autofuse.variant import Variant, validate_variant_class
+
+
+@dataclasses.dataclass
+class _Registry:
+    problems: dict[str, Problem]
+    aliases: dict[str, str]
+    variants: dict[str, dict[str, type[Variant]]]
+    owners: dict[tuple[str, ...], str]  # (problem,) or (problem, variant) -> plugin name
+
+
+_lock = threading.Lock()
+_registry: _Registry | None = None
+
+
+def clear_cache() -> None:
+    global _registry
+    with _lock:
+        _registry = None
+
+
+def _hook_results(hook_name: str):
+    """(plugin name, item) for every item every plugin returned, in registration order."""
+    hook = getattr(get_plugin_manager().hook, hook_name)
+    for impl in reversed(hook.get_hookimpls()):  # pluggy keeps last-registered first
+        for item in impl.function() or ():
+            yield impl.plugin_name, item
+
+
+def _build() -> _Registry:
+    reg = _Registry(problems={}, aliases={}, variants={}, owners={})
+    for plugin, problem in _hook_results("autofuse_register_problems"):
+        _add_problem(reg, plugin, problem)
+    for plugin, variant in _hook_results("autofuse_register_variants"):
+        _add_variant(reg, plugin, variant)
+    return reg
+
+
+def _add_problem(reg: _Registry, plugin: str, problem: Problem) -> None:
+    if not isinstance(problem, Problem):
+        raise PluginError(f"plugin {plugin!r} registered {problem!r}, which is not an autofuse.Problem")
+    for name in (problem.name, *problem.aliases):
+        taken = reg.aliases.get(name)
+        if taken is not None:
+            raise PluginError(
+                f"problem name {name!r} is registered twice: by plugin {reg.owners[(taken,)]!r} "
+                f"(problem {taken!r}) and by plugin {plugin!r} (problem {problem.name!r})"
+            )
+        reg.aliases[name] = problem.name
+    reg.problems[problem.name] = problem
+    reg.variants[problem.name] = {}
+    reg.owners[(problem.name,)] = plugin
+
+
+def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
+    validate_variant_class(variant, plugin)
+    if variant.problem not in reg.problems:
+        raise PluginError(
+            f"plugin {plugin!r} registered variant {variant.name!r} for unknown problem "
+            f"{variant.problem!r}; known problems: {', '.join(sorted(reg.problems)) or 'none'}"
+        )
+    table = reg.variants[variant.problem]
+    if variant.name in table:
+        raise PluginError(
+            f"variant {variant.problem}/{variant.name} is registered twice: by plugin "
+            f"{reg.owners[(variant.problem, variant.name)]!r} and by plugin {plugin!r}"
+        )
+    table[variant.name] = variant
+    reg.owners[(variant.problem, variant.name)] = plugin
+
+
+def _get() -> _Registry:
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = _build()
+        return _registry
+
+
+def problems() -> dict[str, Problem]:
+    """Every registered problem by name."""
+    return dict(_get().problems)
+
+
+def get_problem(name: str) -> Problem:
+    """The problem called ``name`` or one of its aliases (e.g. ``kb2-39``)."""
+    reg = _get()
+    canonical = reg.aliases.get(name)
+    if canonical is None:
+        known = ", ".join(
+            f"{p.name} ({', '.join(p.aliases)})" if p.aliases else p.name for p in reg.problems.values()
+        )
+        raise UnknownNameError(f"unknown problem {name!r}; known problems: {known or 'none'}")
+    return reg.problems[canonical]
+
+
+def variants(problem: str) -> dict[str, type[Variant]]:
+    """Every variant of ``problem`` by name."""
+    return dict(_get().variants[get_problem(problem).name])
+
+
+def get_variant(problem: str, name: str) -> type[Variant]:
+    table = variants(problem)
+    if name not in table:
+        raise UnknownNameError(
+            f"problem {get_problem(problem).name!r} has no variant {name!r}; known variants: {', '.join(table) or 'none'}"
+        )
+    return table[name]
+
+
+def owner(problem: str, variant: str | None = None) -> str:
+    """The plugin that registered a problem or a variant."""
+    key = (get_problem(problem).name,) if variant is None else (get_problem(problem).name, variant)
+    return _get().owners[key]

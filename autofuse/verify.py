@@ -1,0 +1,206 @@
+"""The correctness gate: a variant against the float64 reference on fresh inputs.
+
+Each check case builds a fresh model (default init or randomized parameters), draws an
+input from one distribution, and compares the variant's output, and the state it leaves
+(BatchNorm running statistics), with a float64 copy of the reference. An output must be
+finite where the reference is, fully written (outputs are allocated over NaN-poisoned
+memory on CUDA), within the problem's tolerance for the precision, and must not alias
+an earlier output; the input must come back unmodified.
+
+Ill-conditioned cases (softmax of logits in the hundreds) lose digits in any float32
+computation. So each case also measures the reference model itself run at the checked
+precision, the "floor", and a bound is never tighter than 4x the floor's error.
+On well-conditioned inputs the floor is far below the tolerance, which then decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from autofuse.problem import Problem, Tolerance
+from autofuse.variant import Variant
+
+FLOOR_FACTOR = 4.0
+# Odd sizes, a multiple of no tile, for the extra case every check runs.
+ODD_SIZES = (7, 37, 53)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    shape: Mapping[str, int]
+    distribution: str
+    seed: int
+    randomize: bool
+
+    def describe(self) -> str:
+        params = "randomized" if self.randomize else "default-init"
+        return f"{','.join(f'{k}={v}' for k, v in self.shape.items())} {self.distribution} {params} seed={self.seed}"
+
+
+@dataclasses.dataclass
+class CheckResult:
+    ok: bool
+    error: float  # worst relative L2 error over the cases
+    reason: str | None = None
+
+
+def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[CheckCase]:
+    """The tuned shape under every distribution (default and randomized parameters) plus an odd small shape."""
+    batch_dim, in_dim, out_dim = problem.dims
+    odd = {batch_dim: ODD_SIZES[0], in_dim: ODD_SIZES[1], out_dim: ODD_SIZES[2]}
+    return [
+        CheckCase(dict(shape), "rand", seed, randomize=False),
+        CheckCase(dict(shape), "randn", seed + 1, randomize=True),
+        CheckCase(dict(shape), "large", seed + 2, randomize=True),
+        CheckCase(odd, "randn", seed + 3, randomize=True),
+    ]
+
+
+def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
+    """The model and input of a case, identical for every variant checked on it."""
+    generator = torch.Generator().manual_seed(case.seed)
+    args, kwargs = problem.check_init_args(case.shape, case.distribution)
+    torch.manual_seed(case.seed)  # default init draws from the global generator
+    model = problem.model(*args, **kwargs)
+    if case.randomize:
+        problem.randomize_parameters(model, generator, case.distribution)
+    model.train(mode != "eval")
+    model = model.to(device=device, dtype=dtype)
+    x = problem.make_input(case.shape, case.distribution, generator, device=device, dtype=dtype)
+    return model, x
+
+
+def floor_output(model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor:
+    """The reference model run at ``precision`` on a copy: what plain PyTorch achieves."""
+    from autofuse.variant import EagerVariant
+
+    with torch.no_grad():
+        return EagerVariant(precision)(copy.deepcopy(model), x)
+
+
+def poison_allocator(device: torch.device, nbytes: int) -> None:
+    """Fill freed CUDA cache memory with NaN so an output element nobody writes reads NaN."""
+    if device.type != "cuda":
+        return
+    block = torch.empty(max(nbytes, 1) // 4 + 1024, dtype=torch.float32, device=device)
+    block.fill_(float("nan"))
+    del block
+
+
+def compare(out, ref: torch.Tensor, floor: torch.Tensor | None, tol: Tolerance) -> tuple[float, str | None]:
+    """(relative L2 error, reason it fails or None)."""
+    if not isinstance(out, torch.Tensor):
+        return float("inf"), f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf"), f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    got = out.detach().to(device=ref.device, dtype=torch.float64)
+    finite = torch.isfinite(ref)
+    bad_nonfinite = ~torch.isfinite(got) & finite
+    if bad_nonfinite.any():
+        return float("inf"), f"{int(bad_nonfinite.sum())} NaN/inf elements where the reference is finite{_first(bad_nonfinite, got, ref)}"
+    diff = (got - ref).where(finite, torch.zeros_like(got))
+    ref_norm = ref.where(finite, torch.zeros_like(ref)).norm().item()
+    error = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
+    rel_bound, atol = tol.rel_l2, tol.atol
+    if floor is not None:
+        floor_diff = (floor.detach().to(ref.device, torch.float64) - ref).where(finite, torch.zeros_like(ref))
+        floor_norm = floor_diff.norm().item()
+        rel_bound = max(rel_bound, FLOOR_FACTOR * (floor_norm / ref_norm if ref_norm > 0 else floor_norm))
+        atol = max(atol, FLOOR_FACTOR * floor_diff.abs().max().item()) if floor_diff.numel() else atol
+    if not error <= rel_bound:
+        return error, f"relative L2 error {error:.3g} > {rel_bound:.3g}"
+    outside = diff.abs() > atol + tol.rtol * ref.abs()
+    if outside.any():
+        return error, f"{int(outside.sum())}/{outside.numel()} elements off by more than atol={atol:.3g} + rtol={tol.rtol:g}·|ref|{_first(outside, got, ref)}"
+    return error, None
+
+
+def _first(mask: torch.Tensor, got: torch.Tensor, ref: torch.Tensor, count: int = 3) -> str:
+    idx = mask.nonzero()[:count]
+    shown = ", ".join(f"{tuple(i.tolist())}: got {got[tuple(i)].item():.6g} expected {ref[tuple(i)].item():.6g}" for i in idx)
+    return f"; first: {shown}"
+
+
+def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], device, *,
+                  dtype=torch.float32, mode: str = "train") -> CheckResult:
+    """Run ``variant`` on every case; the first failure ends the check with its reason."""
+    device = torch.device(device)
+    tol = problem.tolerances[variant.precision]
+    worst = 0.0
+    for i, case in enumerate(cases):
+        if mode == "train" and problem.mode_sensitive and case.shape[problem.dims[0]] < problem.min_train_batch:
+            continue
+        error, reason = _check_case(variant, problem, case, device, dtype, mode, tol, check_alias=(i == 0))
+        worst = max(worst, error)
+        if reason is not None:
+            return CheckResult(False, error, f"{reason} [case {case.describe()}]")
+    return CheckResult(True, worst)
+
+
+def _check_case(variant, problem, case, device, dtype, mode, tol, check_alias) -> tuple[float, str | None]:
+    model, x = build_case(problem, case, device, dtype, mode)
+    ref, ref_model = problem.reference(model, x)
+    floor = floor_output(model, x, variant.precision)
+    x_before = x.clone()
+    params_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    poison_allocator(device, ref.numel() * 4 * 2)
+    with torch.no_grad():
+        out = variant(model, x)
+    error, reason = compare(out, ref, floor, tol)
+    if reason is None:
+        reason = _check_side_effects(problem, model, ref_model, x, x_before, params_before, tol)
+    if reason is None and check_alias:
+        reason = _check_no_alias(variant, model, x, out) or _check_after_update(variant, problem, model, x, tol)
+    return error, reason
+
+
+def _check_side_effects(problem, model, ref_model, x, x_before, params_before, tol) -> str | None:
+    if not torch.equal(x, x_before):
+        return "the input was modified"
+    for name, param in model.named_parameters():
+        if not torch.equal(param.detach(), params_before[name]):
+            return f"parameter {name} was modified"
+    expected = problem.state_to_compare(ref_model)
+    for name, buf in problem.state_to_compare(model).items():
+        want = expected[name]
+        if not buf.is_floating_point():
+            if not torch.equal(buf.cpu(), want.cpu().to(buf.dtype)):
+                return f"buffer {name} is {buf.tolist()}, expected {want.tolist()}"
+            continue
+        _, reason = compare(buf, want, None, tol)
+        if reason is not None:
+            return f"buffer {name} (running statistic) wrong: {reason}"
+    return None
+
+
+def _check_after_update(variant, problem, model, x, tol) -> str | None:
+    """After an in-place parameter update (an optimizer step), the output must follow it:
+    weights a variant folded and cached must be recomputed."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+            param.add_(noise * (param.detach().float().std().nan_to_num(1.0) + 0.1).to(param.dtype))
+    ref, _ = problem.reference(model, x)
+    floor = floor_output(model, x, variant.precision)
+    with torch.no_grad():
+        out = variant(model, x)
+    _, reason = compare(out, ref, floor, tol)
+    return None if reason is None else f"after an in-place parameter update: {reason}"
+
+
+def _check_no_alias(variant, model, x, out) -> str | None:
+    """A second call must not write into, or return, the first call's output."""
+    first = out.detach().clone()
+    with torch.no_grad():
+        again = variant(copy.deepcopy(model), x)
+    if isinstance(again, torch.Tensor) and again.data_ptr() == out.data_ptr():
+        return "a second call returned the same storage as the first (outputs alias)"
+    if not torch.equal(out, first):
+        return "a second call overwrote the first call's output"
+    return None

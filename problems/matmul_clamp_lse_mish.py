@@ -1,0 +1,66 @@
+"""KernelBench level 2, problem 22: Matmul → Scale → ResidualAdd → Clamp → LogSumExp → Mish.
+
+``y = clamp(2·s·linear(x), lo, hi); z = logsumexp(y, 1, keepdim); z * mish(z)``, output
+(batch, 1). ``x * s`` then ``x + x`` is one multiply by 2s. With the default clamp
+(±10) the logsumexp cannot overflow, so checks with "large" inputs also build the model
+with a clamp of ±1000: a logsumexp without its max subtracted then overflows.
+"""
+
+import torch
+from torch import nn
+
+from autofuse.hookspecs import hookimpl
+from autofuse.problem import Problem, Tolerance
+
+
+class Model(nn.Module):
+    """KernelBench's reference, verbatim."""
+
+    def __init__(self, input_size, hidden_size, scale_factor, clamp_min, clamp_max):
+        super().__init__()
+        self.matmul = nn.Linear(input_size, hidden_size)
+        self.scale_factor = scale_factor
+        self.clamp_min = clamp_min
+        self.clamp_max = clamp_max
+
+    def forward(self, x):
+        x = self.matmul(x)
+        x = x * self.scale_factor
+        x = x + x
+        x = torch.clamp(x, self.clamp_min, self.clamp_max)
+        x = torch.logsumexp(x, dim=1, keepdim=True)
+        x = x * torch.nn.functional.mish(x)
+        return x
+
+
+class MatmulClampLseMish(Problem):
+    def init_args(self, shape):
+        return (shape["input_size"], shape["hidden_size"], 2.0, -10.0, 10.0), {}
+
+    def check_init_args(self, shape, distribution):
+        args, kwargs = self.init_args(shape)
+        if distribution == "large":
+            args = args[:3] + (-1000.0, 1000.0)
+        return args, kwargs
+
+
+PROBLEM = MatmulClampLseMish(
+    name="matmul_clamp_lse_mish",
+    description="z = logsumexp(clamp(2·s·linear(x), lo, hi), 1); z·mish(z)",
+    model=Model,
+    dims=("batch_size", "input_size", "hidden_size"),
+    dim_aliases={"in_features": "input_size", "out_features": "hidden_size"},
+    default_shapes=({"batch_size": 1024, "input_size": 8192, "hidden_size": 8192},),
+    tolerances={
+        "fp32": Tolerance(rel_l2=1e-5, atol=1e-4, rtol=1e-5),
+        "tf32": Tolerance(rel_l2=2e-3, atol=2e-2, rtol=2e-3),
+        "bf16": Tolerance(rel_l2=1.5e-2, atol=1e-1, rtol=1.5e-2),
+    },
+    linear_attr="matmul",
+    aliases=("kb2-22", "22_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish"),
+)
+
+
+@hookimpl
+def autofuse_register_problems():
+    return [PROBLEM]

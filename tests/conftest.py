@@ -1,0 +1,34 @@
+"""Capability markers (defined once, each skip naming what is missing) and seeding."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+    skip_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) on PATH or in /usr/local/cuda/bin")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "nvcc" in item.keywords and not HAS_NVCC:
+            item.add_marker(skip_nvcc)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own AUTOFUSE_HOME, so no test reads or writes the user's cache."""
+    monkeypatch.setenv("AUTOFUSE_HOME", str(tmp_path / "autofuse-home"))
+
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])

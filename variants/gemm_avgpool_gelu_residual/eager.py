@@ -1,0 +1,19 @@
+"""``gemm_avgpool_gelu_residual``, eager: the reference model's own forward, verbatim.
+
+The baseline every speedup is measured against, and the fallback that serves any
+shape, dtype, device and autograd need. No preconditions.
+"""
+
+from autofuse.hookspecs import hookimpl
+from autofuse.variant import EagerVariant
+
+
+class EagerGemmAvgpoolGeluResidual(EagerVariant):
+    name = "eager"
+    problem = "gemm_avgpool_gelu_residual"
+    description = "the reference forward, verbatim (autocast under bf16)"
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [EagerGemmAvgpoolGeluResidual]

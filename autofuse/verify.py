@@ -126,35 +126,63 @@ def _first(mask: torch.Tensor, got: torch.Tensor, ref: torch.Tensor, count: int 
     return f"; first: {shown}"
 
 
+@dataclasses.dataclass
+class PreparedCase:
+    """A case's pristine model and input with their float64 reference and floor, computed once.
+
+    Tuning checks many candidates on the same cases, so these are cached (``cache=`` below):
+    each run gets a deep copy of the pristine model, never the original.
+    """
+
+    case: CheckCase
+    model: nn.Module
+    x: torch.Tensor
+    ref: torch.Tensor
+    ref_model: nn.Module
+    floor: torch.Tensor
+
+
+def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> PreparedCase:
+    model, x = build_case(problem, case, device, dtype, mode)
+    ref, ref_model = problem.reference(model, x)
+    return PreparedCase(case, model, x, ref, ref_model, floor_output(model, x, precision))
+
+
 def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], device, *,
-                  dtype=torch.float32, mode: str = "train") -> CheckResult:
-    """Run ``variant`` on every case; the first failure ends the check with its reason."""
+                  dtype=torch.float32, mode: str = "train", autograd: bool = False,
+                  cache: dict | None = None) -> CheckResult:
+    """Run ``variant`` on every case (and check its gradients if ``autograd``); the first failure ends the check."""
     device = torch.device(device)
     tol = problem.tolerances[variant.precision]
+    cache = {} if cache is None else cache
     worst = 0.0
     for i, case in enumerate(cases):
         if mode == "train" and problem.mode_sensitive and case.shape[problem.dims[0]] < problem.min_train_batch:
             continue
-        error, reason = _check_case(variant, problem, case, device, dtype, mode, tol, check_alias=(i == 0))
+        key = (problem.name, case.describe(), str(device), dtype, mode, variant.precision)
+        if key not in cache:
+            cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
+        error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
+        if reason is None and autograd:
+            # Gradient errors are not folded into the reported error: some reference gradients
+            # are exactly zero (the bias under training-mode BN), where a ratio means nothing.
+            _, reason = check_gradients(variant, problem, cache[key])
         worst = max(worst, error)
         if reason is not None:
             return CheckResult(False, error, f"{reason} [case {case.describe()}]")
     return CheckResult(True, worst)
 
 
-def _check_case(variant, problem, case, device, dtype, mode, tol, check_alias) -> tuple[float, str | None]:
-    model, x = build_case(problem, case, device, dtype, mode)
-    ref, ref_model = problem.reference(model, x)
-    floor = floor_output(model, x, variant.precision)
-    x_before = x.clone()
+def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> tuple[float, str | None]:
+    model, x = copy.deepcopy(prepared.model), prepared.x.clone()
     params_before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    poison_allocator(device, ref.numel() * 4 * 2)
+    poison_allocator(x.device, prepared.ref.numel() * 4 * 2)
     with torch.no_grad():
         out = variant(model, x)
-    error, reason = compare(out, ref, floor, tol)
+    error, reason = compare(out, prepared.ref, prepared.floor, tol)
     if reason is None:
-        reason = _check_side_effects(problem, model, ref_model, x, x_before, params_before, tol)
-    if reason is None and check_alias:
+        reason = _check_side_effects(problem, model, prepared.ref_model, x, prepared.x, params_before, tol)
+    if reason is None and check_update:
         reason = _check_no_alias(variant, model, x, out) or _check_after_update(variant, problem, model, x, tol)
     return error, reason
 
@@ -204,3 +232,35 @@ def _check_no_alias(variant, model, x, out) -> str | None:
     if not torch.equal(out, first):
         return "a second call overwrote the first call's output"
     return None
+
+
+def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase) -> tuple[float, str | None]:
+    """Gradients of a random cotangent w.r.t. the input and every parameter, against float64."""
+    tol = problem.tolerances[variant.precision]
+    generator = torch.Generator().manual_seed(prepared.case.seed + 7)
+    cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
+
+    def grads(run, model, dtype):
+        x = prepared.x.detach().to(dtype).requires_grad_(True)
+        out = run(model, x)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return None
+        out.backward(cotangent.to(out.dtype))
+        return {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+
+    from autofuse.variant import EagerVariant
+
+    got = grads(variant, copy.deepcopy(prepared.model), prepared.x.dtype)
+    if got is None:
+        return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
+    want = grads(lambda m, x: m(x), problem.reference_model(prepared.model), torch.float64)
+    floor = grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), prepared.x.dtype)
+    worst = 0.0
+    for name, expected in want.items():
+        expected = torch.zeros_like(prepared.x, dtype=torch.float64) if expected is None else expected
+        actual = got[name] if got[name] is not None else torch.zeros_like(expected)
+        error, reason = compare(actual, expected, floor[name] if floor[name] is not None else torch.zeros_like(expected), tol)
+        worst = max(worst, error)
+        if reason is not None:
+            return worst, f"gradient of {name}: {reason}"
+    return worst, None

@@ -1,0 +1,47 @@
+"""What one candidate's trial came to: a typed outcome with its reason, never an abort."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from autofuse.timing import Timing
+
+
+class Outcome(str, enum.Enum):
+    OK = "ok"
+    INCORRECT = "incorrect"
+    COMPILE_FAILED = "compile_failed"
+    RUNTIME_FAILED = "runtime_failed"
+    TIMED_OUT = "timed_out"
+
+
+@dataclasses.dataclass
+class TrialResult:
+    outcome: Outcome
+    reason: str | None = None
+    error: float | None = None  # worst relative L2 error against the float64 reference
+    timing: Timing | None = None
+    # The worker's CUDA context may be broken (illegal address, launch failure): restart it.
+    poisoned: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "error": self.error,
+            "timing": None if self.timing is None else self.timing.to_dict(),
+            "poisoned": self.poisoned,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        timing = data.get("timing")
+        return cls(
+            outcome=Outcome(data["outcome"]),
+            reason=data.get("reason"),
+            error=data.get("error"),
+            timing=None if timing is None else Timing(**timing),
+            poisoned=bool(data.get("poisoned", False)),
+        )

@@ -1,0 +1,95 @@
+"""Timing: CUDA events around each call, L2 flushed between repetitions; a monotonic clock on CPU.
+
+Every measurement reports the median and the 20th/80th percentiles: machines are noisy,
+and a difference smaller than the spread is noise. ``time_interleaved`` times several
+candidates round-robin in one run, so drifting clocks or a neighbour's load hit them all alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+_flush_buffers: dict[int, torch.Tensor] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """(p80 − p20) / median: the relative noise of this measurement."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> "Timing":
+        ordered = sorted(samples_ms)
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]  # noqa: E731
+        return cls(statistics.median(ordered), pick(0.2), pick(0.8), len(ordered))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _flush_l2(device: torch.device) -> None:
+    """Overwrite twice the L2 cache so the next call reads its inputs from memory, not cache."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buffer = _flush_buffers.get(index)
+    if buffer is None:
+        l2_bytes = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 64 << 20) or (64 << 20)
+        buffer = _flush_buffers[index] = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device=device)
+    buffer.zero_()
+
+
+def _time_once(fn: Callable[[], object], device: torch.device, flush: bool) -> float:
+    if device.type != "cuda":
+        start = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - start) / 1e6
+    if flush:
+        _flush_l2(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _rep_count(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
+    return int(max(min_reps, min(max_reps, budget_ms / max(estimate_ms, 1e-3))))
+
+
+def time_callable(fn: Callable[[], object], device, *, warmup: int = 3, budget_ms: float = 400.0,
+                  min_reps: int = 5, max_reps: int = 200, flush: bool = True) -> Timing:
+    """Median/p20/p80 of ``fn()`` over enough repetitions to fill ``budget_ms``, after ``warmup`` calls."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    estimate = _time_once(fn, device, flush)
+    reps = _rep_count(estimate, budget_ms, min_reps, max_reps)
+    return Timing.from_samples([_time_once(fn, device, flush) for _ in range(reps)])
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], object]], device, *, rounds: int = 30, warmup: int = 2,
+                     flush: bool = True) -> dict[str, Timing]:
+    """Time every callable once per round, round-robin, and summarise each."""
+    device = torch.device(device)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_time_once(fn, device, flush))
+    return {name: Timing.from_samples(values) for name, values in samples.items()}

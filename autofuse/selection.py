@@ -1,0 +1,84 @@
+"""Choosing the winner: re-time the best few interleaved, keep the simplest within the noise.
+
+Trial timings come from separate moments and drift with clocks and neighbours; the final
+choice re-times the top candidates and eager round-robin in one run. A more complex
+variant (by kind: eager < simplified < cublas_epilogue < cuda_naive < cuda_tiled <
+cuda_templated) must beat the simpler one by more than the measured noise to be chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autofuse.evaluate import BASELINE
+from autofuse.outcome import Outcome, TrialResult
+from autofuse.timing import Timing
+from autofuse.worker import Candidate, Job
+
+TOP_K = 3
+MIN_NOISE = 0.02  # below 2% no single-GPU measurement here is repeatable
+RETIME_BUDGET_MS = 2000.0
+
+
+@dataclasses.dataclass
+class Row:
+    """A variant's best configuration in the search (or its failure), for the summary and the choice."""
+
+    variant: str
+    rank: int
+    params: dict
+    result: TrialResult | None
+    trials: int
+    final: Timing | None = None  # from the interleaved re-timing, when it took part
+    eager_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.outcome is Outcome.OK
+
+    @property
+    def timing(self) -> Timing | None:
+        return self.final or (self.result.timing if self.ok else None)
+
+
+def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bool) -> dict | None:
+    """The table entry of the winner among ``rows`` (None if none passed); fills in rows' final timings."""
+    ok = sorted((r for r in rows if r.ok), key=lambda r: r.result.timing.median_ms)[:TOP_K]
+    if not ok:
+        return None
+    candidates = {r.variant: Candidate(r.variant, r.params, autograd) for r in ok}
+    rounds = int(max(10, min(50, RETIME_BUDGET_MS / sum(r.result.timing.median_ms for r in ok))))
+    timings = worker.call("retime", (job, list(candidates.values()), rounds), trial_timeout)
+    baseline = BASELINE + (" +grad" if autograd else "")
+    if isinstance(timings, TrialResult):  # re-timing broke: fall back to the search's timings
+        timings = {}
+    for row in ok:
+        row.final = timings.get(candidates[row.variant].label())
+        row.eager_ms = timings[baseline].median_ms if baseline in timings else None
+    best = pick_simplest_within_noise(ok)
+    return _entry(best)
+
+
+def pick_simplest_within_noise(rows: list[Row]) -> Row:
+    """Walk from the simplest variant up; a more complex one wins only by more than the noise."""
+    ordered = sorted(rows, key=lambda r: (r.rank, r.timing.median_ms))
+    current = ordered[0]
+    for challenger in ordered[1:]:
+        noise = max(MIN_NOISE, current.timing.spread, challenger.timing.spread)
+        if challenger.timing.median_ms < current.timing.median_ms * (1.0 - noise):
+            current = challenger
+    return current
+
+
+def _entry(row: Row) -> dict:
+    timing = row.timing
+    return {
+        "variant": row.variant,
+        "params": row.params,
+        "median_ms": timing.median_ms,
+        "p20_ms": timing.p20_ms,
+        "p80_ms": timing.p80_ms,
+        "eager_ms": row.eager_ms,
+        "speedup": None if not row.eager_ms else row.eager_ms / timing.median_ms,
+        "error": row.result.error,
+    }

@@ -1,0 +1,200 @@
+"""``autofuse.tune``: search every admitted variant's configurations, keep the fastest correct one.
+
+Per shape: an Optuna study proposes candidates, a worker subprocess builds, gates and times
+each (a crash, hang or wrong answer is a recorded outcome), then the best few are re-timed
+interleaved with eager in one run and the simplest one within the noise of the fastest wins.
+The winner for inference, and the best autograd-capable variant for calls that need
+gradients, are written to the dispatch table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import random
+import time
+from collections.abc import Mapping
+
+import torch
+
+from autofuse import registry, study as studies
+from autofuse.errors import InputError, TableError
+from autofuse.evaluate import BASELINE
+from autofuse.outcome import Outcome, TrialResult
+from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
+from autofuse.problem import Problem
+from autofuse.progress import TrialProgress
+from autofuse.selection import Row, choose
+from autofuse.table import DispatchKey, DispatchTable, fingerprint_key, shape_key
+from autofuse.worker import Candidate, Job, Worker
+
+MAX_DEFAULT_TRIALS = 40
+
+
+@dataclasses.dataclass
+class TuneResult:
+    problem: str
+    shape: dict
+    fingerprint: dict
+    key: DispatchKey
+    winner: dict | None  # the table entry written, None if nothing passed
+    grad_winner: dict | None
+    rows: list[Row]
+    table_path: str
+
+
+def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | None = None,
+         dtype: str = "float32", precision: str = "fp32", mode: str | None = None,
+         n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
+         trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
+         storage: str | None = None, progress: bool = True) -> list[TuneResult]:
+    """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
+
+    ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
+    ``trial_timeout`` bounds one candidate. Returns one TuneResult per shape.
+    """
+    prob = registry.get_problem(problem)
+    shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
+    settings = _settings(prob, device, dtype, precision, mode, seed)
+    table = table if isinstance(table, DispatchTable) else DispatchTable(table)
+    with Worker() as worker:
+        return [
+            _tune_shape(prob, s, settings, worker, table, n_trials, timeout, trial_timeout, variants,
+                        autograd_entry, storage, progress)
+            for s in shapes
+        ]
+
+
+def _settings(prob: Problem, device, dtype, precision, mode, seed) -> dict:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} asked for, but torch.cuda.is_available() is False here")
+    check_precision(precision)
+    check_dtype(parse_dtype(dtype), precision)
+    if mode is None:
+        mode = "train" if prob.mode_sensitive else "any"
+    if mode not in (("train", "eval") if prob.mode_sensitive else ("any", "train", "eval")):
+        raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
+    mode = mode if prob.mode_sensitive else "any"
+    seed = random.randrange(2**31) if seed is None else int(seed)
+    return {"device": device, "dtype": dtype, "precision": precision, "mode": mode, "seed": seed}
+
+
+def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) -> dict[str, list[dict]]:
+    """Valid configurations of every variant admitted for this key, by variant name."""
+    device_type = torch.device(settings["device"]).type
+    dtype = parse_dtype(settings["dtype"])
+    table = registry.variants(prob.name)
+    if only:
+        unknown = [name for name in only if name not in table]
+        if unknown:
+            raise InputError(f"{prob.name} has no variant(s) {unknown}; known: {sorted(table)}")
+        table = {name: table[name] for name in only}
+    spaces = {}
+    for name, variant in table.items():
+        if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
+            configs = variant.configs(shape, device_type)
+            if configs:
+                spaces[name] = configs
+    if not spaces:
+        raise InputError(f"no variant of {prob.name} is admitted on {device_type} at {settings['precision']} {settings['dtype']}")
+    return spaces
+
+
+def _tune_shape(prob, shape, settings, worker, table, n_trials, timeout, trial_timeout, only,
+                autograd_entry, storage, progress) -> TuneResult:
+    spaces = _spaces(prob, shape, settings, only)
+    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
+    fingerprint = worker.call("fingerprint", (settings["device"],), trial_timeout)
+    if isinstance(fingerprint, TrialResult):
+        raise RuntimeError(f"the worker could not read the device fingerprint: {fingerprint.reason}")
+    key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
+                     studies.space_hash(registry.variants(prob.name), spaces)])
+    study = studies.open_study(name, settings["seed"], storage)
+    studies.enqueue_defaults(study, spaces)
+    total = n_trials if n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+    results = _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, prob.shape_str(shape))
+    rows = _rows(results, registry.variants(prob.name), spaces)
+    winner, grad_winner = _finish(prob, job, rows, worker, trial_timeout, autograd_entry, len(study.trials))
+    _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+    return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
+
+
+def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
+    """Run trials until ``total`` are finished (counting earlier sessions') or ``timeout`` passes."""
+    results = {}  # (variant, config label) -> TrialResult, earlier sessions' included
+    for trial in studies.finished(study):
+        if "outcome" in trial.user_attrs:
+            results[(trial.params["variant"], trial.user_attrs["config"])] = TrialResult.from_dict(trial.user_attrs["result"])
+    done = len(studies.finished(study))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with TrialProgress(total, done, label, enabled=progress) as bar:
+        bar.update_best(results)
+        while done < total and (deadline is None or time.monotonic() < deadline):
+            trial = study.ask()
+            name, config = studies.suggest(trial, spaces)
+            key = (name, studies.config_label(config))
+            if key not in results:  # a repeated suggestion reuses the earlier measurement
+                results[key] = worker.call("evaluate", (job, Candidate(name, config)), trial_timeout)
+            result = results[key]
+            trial.set_user_attr("config", key[1])
+            trial.set_user_attr("outcome", result.outcome.value)
+            trial.set_user_attr("result", result.to_dict())
+            value = result.timing.median_ms if result.outcome is Outcome.OK else studies.FAILED_VALUE_MS
+            study.tell(trial, value)
+            done += 1
+            bar.advance(results)
+    return results
+
+
+def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
+    """Each variant's best configuration, or its most informative failure."""
+    rows = []
+    for name in spaces:
+        mine = {label: r for (v, label), r in results.items() if v == name}
+        ok = {label: r for label, r in mine.items() if r.outcome is Outcome.OK}
+        if ok:
+            label = min(ok, key=lambda lab: ok[lab].timing.median_ms)
+            config = next(c for c in spaces[name] if studies.config_label(c) == label)
+            rows.append(Row(name, variants[name].rank(), config, ok[label], len(mine)))
+        elif mine:
+            rows.append(Row(name, variants[name].rank(), {}, next(iter(mine.values())), len(mine)))
+        else:
+            rows.append(Row(name, variants[name].rank(), {}, None, 0))
+    return rows
+
+
+def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials):
+    """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable ones."""
+    variants = registry.variants(prob.name)
+    winner = choose(job, rows, worker, trial_timeout, autograd=False)
+    grad_winner = None
+    if autograd_entry:
+        grad_rows = []
+        for row in rows:
+            if row.ok and variants[row.variant].supports_autograd:
+                checked = worker.call("evaluate", (job, Candidate(row.variant, row.params, autograd=True)), trial_timeout)
+                grad_rows.append(dataclasses.replace(row, result=checked))
+        grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
+    stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "seed": job.seed}
+    for entry, grad in ((winner, False), (grad_winner, True)):
+        if entry is not None:
+            entry.update(stamp, source_hash=variants[entry["variant"]].source_hash())
+    return winner, grad_winner
+
+
+def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:
+    items = [(fingerprint, prob.name, shape_key(shape), k.to_str(), entry)
+             for k, entry in ((key, winner), (dataclasses.replace(key, autograd=True), grad_winner)) if entry is not None]
+    if not items:
+        return
+    try:
+        table.record_many(items)
+    except TableError as exc:
+        # The table on disk is someone's record: leave it intact, keep this run's result beside it.
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+        rescue.record_many(items)
+        print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")

@@ -114,7 +114,7 @@ def _tune_shape(prob, shape, settings, worker, table, n_trials, timeout, trial_t
     study = studies.open_study(name, settings["seed"], storage)
     studies.enqueue_defaults(study, spaces)
     total = n_trials if n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
-    results = _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, prob.shape_str(shape))
+    results = _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, f"{prob.name} {prob.shape_str(shape)}")
     rows = _rows(results, registry.variants(prob.name), spaces)
     winner, grad_winner = _finish(prob, job, rows, worker, trial_timeout, autograd_entry, len(study.trials))
     _record(table, fingerprint, prob, shape, key, winner, grad_winner)

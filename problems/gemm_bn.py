@@ -44,6 +44,17 @@ class GemmBatchNorm(Problem):
         model.bn.num_batches_tracked.fill_(int(torch.randint(0, 1000, (1,), generator=generator)))
 
 
+    def gradients_well_conditioned(self, shape, mode):
+        # With two samples, training-mode BN outputs ±γ whatever the input: the gradient
+        # is ~eps/var, i.e. rounding noise.
+        return mode != "train" or shape["batch_size"] > 2
+
+    def invariant_parameters(self, mode):
+        # Training-mode BN removes the batch mean (the GEMM bias cancels) and divides by
+        # the batch std (the scale's magnitude cancels but for eps).
+        return frozenset({"gemm.bias", "scale"}) if mode == "train" else frozenset()
+
+
 PROBLEM = GemmBatchNorm(
     name="gemm_bn",
     description="bn(linear(x) * scale), BatchNorm1d in training (batch stats + running-stat update) or eval mode",

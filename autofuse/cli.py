@@ -1,0 +1,142 @@
+"""The ``autofuse`` command: list, tune, show."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from tabulate import tabulate
+
+from autofuse.errors import AutofuseError
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):  # `autofuse list | head` should end quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except AutofuseError as exc:
+        print(f"autofuse: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autofuse: interrupted; finished trials are kept in the study and a rerun resumes", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autofuse", description="Autotune fused GPU kernels and dispatch to the winners.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="list problems and their variants")
+    listing.add_argument("problem", nargs="?", help="only this problem")
+    listing.set_defaults(run=_list)
+
+    tune = commands.add_parser("tune", help="tune a problem and record the winner in the dispatch table")
+    tune.add_argument("problem", help="problem name or alias (autofuse list shows them)")
+    tune.add_argument("--shape", type=_shape_arg, help="e.g. batch_size=1024,in_features=8192,out_features=8192 (default: every default shape)")
+    tune.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
+    tune.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    tune.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    tune.add_argument("--mode", choices=["train", "eval"], help="for problems whose train/eval differ (gemm_bn); default train")
+    tune.add_argument("--trials", type=int, help="trials per shape (default: every configuration, at most 40)")
+    tune.add_argument("--timeout", type=float, help="seconds of search per shape")
+    tune.add_argument("--trial-timeout", type=float, default=600.0, help="seconds one candidate may take (default 600)")
+    tune.add_argument("--variants", type=lambda s: s.split(","), help="only these variants, comma-separated")
+    tune.add_argument("--seed", type=int, help="seed of the sampler and the check inputs (default: random, recorded)")
+    tune.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
+    tune.add_argument("--no-autograd-entry", action="store_true", help="skip the entry for calls that need gradients")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.set_defaults(run=_tune)
+
+    show = commands.add_parser("show", help="print the dispatch table")
+    show.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
+    show.set_defaults(run=_show)
+    return parser
+
+
+def _shape_arg(text: str) -> dict:
+    from autofuse.table import parse_shape_key
+
+    try:
+        return parse_shape_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _list(args) -> None:
+    from autofuse.listing import list_problems, list_variants
+    from autofuse.registry import get_problem
+
+    names = [get_problem(args.problem).name] if args.problem else [p["name"] for p in list_problems()]
+    for problem in list_problems():
+        if problem["name"] not in names:
+            continue
+        aliases = f" ({', '.join(problem['aliases'])})" if problem["aliases"] else ""
+        print(f"{problem['name']}{aliases}: {problem['description']}")
+        print(f"  default shapes: {'; '.join(problem['default_shapes'])}   [plugin {problem['plugin']}]")
+        rows = [[v["name"], v["kind"], ",".join(v["devices"]), ",".join(v["precisions"]), "yes" if v["autograd"] else "no",
+                 v["plugin"], v["description"]] for v in list_variants(problem["name"])]
+        print(tabulate(rows, headers=["variant", "kind", "devices", "precisions", "autograd", "plugin", "description"]))
+        print()
+
+
+def _tune(args) -> None:
+    from autofuse.tuner import tune
+
+    results = tune(args.problem, args.shape, device=args.device, dtype=args.dtype, precision=args.precision,
+                   mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
+                   trial_timeout=args.trial_timeout, variants=args.variants,
+                   autograd_entry=not args.no_autograd_entry, progress=not args.no_progress)
+    for result in results:
+        _print_result(result)
+
+
+def _print_result(result) -> None:
+    from autofuse.table import fingerprint_key, shape_key
+
+    print(f"\n{result.problem} {shape_key(result.shape)} on {fingerprint_key(result.fingerprint)} ({result.key.to_str()})")
+    eager = next((r.timing.median_ms for r in result.rows if r.variant == "eager" and r.ok), None)
+    rows = []
+    for row in sorted(result.rows, key=lambda r: (r.timing.median_ms if r.ok else float("inf"))):
+        timing = row.timing
+        rows.append([
+            row.variant, _params(row.params) if row.ok else "",
+            f"{timing.median_ms:.4g}" if timing else "", f"{timing.p20_ms:.4g}-{timing.p80_ms:.4g}" if timing else "",
+            f"{eager / timing.median_ms:.2f}x" if timing and eager else "",
+            f"{row.result.error:.2e}" if row.result and row.result.error is not None else "",
+            row.result.outcome.value if row.result else "not run", row.trials,
+            (row.result.reason or "")[:90] if row.result else "",
+        ])
+    print(tabulate(rows, headers=["variant", "params", "median ms", "p20-p80", "vs eager", "error", "outcome", "trials", "reason"]))
+    for label, entry in (("winner", result.winner), ("autograd winner", result.grad_winner)):
+        if entry is not None:
+            speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""
+            print(f"{label}: {entry['variant']} {_params(entry['params'])} {entry['median_ms']:.4g} ms{speedup}")
+    if result.winner is None:
+        print("no variant passed the correctness gate: nothing was recorded")
+    print(f"table: {result.table_path}")
+
+
+def _params(params: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def _show(args) -> None:
+    from autofuse.table import DispatchKey, DispatchTable
+
+    table = DispatchTable(args.table)
+    rows = []
+    for device, problem, shape, key, entry in table.entries():
+        dkey = DispatchKey.from_str(key)
+        speedup = entry.get("speedup")
+        rows.append([device, problem, shape, f"{dkey.dtype}/{dkey.precision}/{dkey.mode}" + ("/grad" if dkey.autograd else ""),
+                     entry.get("variant"), _params(entry.get("params", {})), f"{entry.get('median_ms', float('nan')):.4g}",
+                     f"{speedup:.2f}x" if speedup else "", f"{entry.get('error') or 0:.1e}", entry.get("date", "")])
+    if not rows:
+        print(f"{table.path}: no entries")
+        return
+    print(f"{table.path}:")
+    print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))

@@ -1,0 +1,66 @@
+"""A conformance kit any plugin's variants run through (registry driven, variant names as ids).
+
+In a plugin's test suite::
+
+    from autofuse.testing import assert_variant_conforms, parametrize_variants
+
+    @parametrize_variants(problems=["gemm_bn"])
+    def test_conforms(problem, variant):
+        assert_variant_conforms(problem, variant)
+
+Each check is the same gate the tuner applies (float64 reference, several distributions,
+randomized parameters, side effects, aliasing, staleness), at odd shapes including batch 1
+and sizes of 1, in every mode the problem has, plus gradients where autograd is claimed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autofuse import registry
+from autofuse.verify import CheckCase, check_variant
+
+# (batch, in, out): batch 1, sizes of 1, odd sizes that are multiples of no tile, and a moderate one.
+CONFORMANCE_SHAPES = ((1, 37, 53), (2, 1, 1), (37, 100, 77), (64, 256, 192))
+DISTRIBUTIONS = (("rand", False), ("randn", True), ("large", True))
+
+
+def variant_ids(problems: list[str] | None = None) -> list[tuple[str, str]]:
+    names = problems or sorted(registry.problems())
+    return [(registry.get_problem(p).name, v) for p in names for v in sorted(registry.variants(p))]
+
+
+def parametrize_variants(problems: list[str] | None = None):
+    """``pytest.mark.parametrize("problem,variant", ...)`` over every registered variant."""
+    ids = variant_ids(problems)
+    return pytest.mark.parametrize("problem,variant", ids, ids=[f"{p}/{v}" for p, v in ids])
+
+
+def conformance_cases(problem: str, seed: int = 0, shapes=CONFORMANCE_SHAPES) -> list[CheckCase]:
+    prob = registry.get_problem(problem)
+    cases = []
+    for i, sizes in enumerate(shapes):
+        shape = dict(zip(prob.dims, sizes))
+        for j, (distribution, randomize) in enumerate(DISTRIBUTIONS):
+            cases.append(CheckCase(shape, distribution, seed + 10 * i + j, randomize))
+    return cases
+
+
+def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", precision: str = "fp32",
+                            params: dict | None = None, dtype=torch.float32, seed: int = 0, shapes=CONFORMANCE_SHAPES) -> None:
+    """Fail with the gate's reason unless ``variant`` passes on every conformance case, mode and autograd need."""
+    prob = registry.get_problem(problem)
+    variant_cls = registry.get_variant(problem, variant)
+    reason = variant_cls.admits(torch.device(device).type, dtype, precision, autograd=False)
+    if reason is not None:
+        pytest.skip(f"{problem}/{variant} cannot run here: {reason}")
+    modes = ("train", "eval") if prob.mode_sensitive else ("train",)
+    cases = conformance_cases(problem, seed, shapes)
+    for mode in modes:
+        for autograd in (False, True) if variant_cls.supports_autograd else (False,):
+            config = params if params is not None else variant_cls.configs(cases[-1].shape, torch.device(device).type)[0]
+            instance = variant_cls(precision, **config)
+            instance.build(device)
+            result = check_variant(instance, prob, cases, device, dtype=dtype, mode=mode, autograd=autograd)
+            assert result.ok, f"{problem}/{variant} ({mode}, {precision}, autograd={autograd}): {result.reason}"

@@ -140,3 +140,7 @@ def _show(args) -> None:
         return
     print(f"{table.path}:")
     print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,10 +29,15 @@ def _env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
 
 
+def blocked_plugins() -> list[str]:
+    """Plugin names AUTOFUSE_BLOCK_PLUGINS asks to skip."""
+    return _env_list("AUTOFUSE_BLOCK_PLUGINS")
+
+
 def _build() -> pluggy.PluginManager:
     pm = pluggy.PluginManager("autofuse")
     pm.add_hookspecs(hookspecs)
-    for name in _env_list("AUTOFUSE_BLOCK_PLUGINS"):
+    for name in blocked_plugins():
         pm.set_blocked(name)
     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     for module_name in _env_list("AUTOFUSE_PLUGINS"):

@@ -7,10 +7,11 @@ Built once per plugin manager (``plugins.reset_plugin_manager`` clears it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 from autofuse.errors import PluginError, UnknownNameError
-from autofuse.plugins import get_plugin_manager
+from autofuse.plugins import blocked_plugins, get_plugin_manager
 from autofuse.problem import Problem
 from autofuse.variant import Variant, validate_variant_class
 
@@ -23,6 +24,7 @@ class _Registry:
     owners: dict[tuple[str, ...], str]  # (problem,) or (problem, variant) -> plugin name
 
 
+log = logging.getLogger("autofuse")
 _lock = threading.Lock()
 _registry: _Registry | None = None
 
@@ -34,11 +36,18 @@ def clear_cache() -> None:
 
 
 def _hook_results(hook_name: str):
-    """(plugin name, item) for every item every plugin returned, in registration order."""
-    hook = getattr(get_plugin_manager().hook, hook_name)
-    for impl in reversed(hook.get_hookimpls()):  # pluggy keeps last-registered first
-        for item in impl.function() or ():
-            yield impl.plugin_name, item
+    """(plugin name, item) for every item every plugin returned, in registration order.
+
+    Each plugin's implementation is called through its own subset hook caller, so the
+    results stay attributable to a plugin and AUTOFUSE_TRACE_PLUGINS still sees the calls.
+    """
+    pm = get_plugin_manager()
+    hook = getattr(pm.hook, hook_name)
+    for impl in hook.get_hookimpls():  # registration order: entry points, then AUTOFUSE_PLUGINS
+        others = [plugin for plugin in pm.get_plugins() if plugin is not impl.plugin]
+        for returned in pm.subset_hook_caller(hook_name, others)():
+            for item in returned or ():
+                yield impl.plugin_name, item
 
 
 def _build() -> _Registry:
@@ -68,6 +77,11 @@ def _add_problem(reg: _Registry, plugin: str, problem: Problem) -> None:
 
 def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
     validate_variant_class(variant, plugin)
+    if variant.problem not in reg.problems and blocked_plugins():
+        # Its problem's plugin is probably the one the user blocked: skip, don't fail.
+        log.warning("autofuse: skipping variant %s/%s of plugin %r: no such problem (blocked: %s)",
+                    variant.problem, variant.name, plugin, ", ".join(blocked_plugins()))
+        return
     if variant.problem not in reg.problems:
         raise PluginError(
             f"plugin {plugin!r} registered variant {variant.name!r} for unknown problem "

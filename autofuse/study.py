@@ -34,9 +34,9 @@ def config_label(config: dict) -> str:
 
 
 def space_hash(variants: dict[str, type[Variant]], spaces: dict[str, list[dict]]) -> str:
-    """Changes when a variant's source or search space changes: old results then don't apply."""
+    """Changes when the searched variants, their sources or their spaces change: old results then don't apply."""
     digest = hashlib.sha256()
-    for name in sorted(variants):
+    for name in sorted(spaces):
         digest.update(name.encode())
         digest.update(variants[name].source_hash().encode())
         digest.update(json.dumps(spaces[name], sort_keys=True, default=str).encode())

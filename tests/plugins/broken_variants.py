@@ -1,0 +1,75 @@
+"""Deliberately broken variants of matmul_gelu_softmax, loaded through AUTOFUSE_PLUGINS.
+
+Each fails in its own way inside the worker; the tuner must record it and carry on.
+"""
+
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+import autofuse
+from autofuse.variant import Variant
+
+
+class _Broken(Variant):
+    problem = "matmul_gelu_softmax"
+    kind = "cuda_naive"  # ranked above eager/simplified: it would be preferred if it were right
+
+
+class Segfault(_Broken):
+    name = "segfault"
+    description = "dies with SIGSEGV"
+
+    def forward(self, model, x):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Abort(_Broken):
+    name = "abort"
+    description = "calls abort()"
+
+    def forward(self, model, x):
+        os.abort()
+
+
+class Hang(_Broken):
+    name = "hang"
+    description = "never returns"
+
+    def forward(self, model, x):
+        time.sleep(3600)
+
+
+class Raises(_Broken):
+    name = "raises"
+    description = "raises a RuntimeError like a failed launch"
+
+    def forward(self, model, x):
+        raise RuntimeError("kernel launch failed: invalid configuration argument")
+
+
+class WrongAnswer(_Broken):
+    name = "wrong"
+    description = "tanh-approximate GELU"
+
+    def forward(self, model, x):
+        return F.softmax(F.gelu(model.linear(x), approximate="tanh"), dim=1)
+
+
+class CompileError(_Broken):
+    name = "compile_error"
+    description = "fails to build"
+
+    def build(self, device):
+        raise autofuse.errors.BuildError("nvcc: error: expected ';' (simulated)")
+
+
+BROKEN = [Segfault, Abort, Hang, Raises, WrongAnswer, CompileError]
+
+
+@autofuse.hookimpl
+def autofuse_register_variants():
+    return BROKEN

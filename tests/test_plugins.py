@@ -1,0 +1,178 @@
+"""Plugins: entry points (the built-ins and a tiny third-party distribution), errors, blocking."""
+
+import importlib
+import inspect
+import os
+import pathlib
+import textwrap
+
+import pytest
+import torch
+
+import autofuse
+from autofuse import hookspecs, plugins, registry
+
+EXTERNAL = '''
+import torch.nn.functional as F
+import autofuse
+from autofuse.variant import Variant
+
+
+class External(Variant):
+    name = "external"
+    problem = "matmul_gelu_softmax"
+    kind = "simplified"
+    description = "a variant from a package that is not autofuse"
+    supports_autograd = True
+
+    def forward(self, model, x):
+        return F.softmax(F.gelu(F.linear(x, model.linear.weight, model.linear.bias)), dim=1)
+
+
+@autofuse.hookimpl
+def autofuse_register_variants():
+    return [External]
+'''
+
+
+@pytest.fixture
+def fresh_registry():
+    plugins.reset_plugin_manager()
+    yield
+    plugins.reset_plugin_manager()
+
+
+@pytest.fixture
+def third_party(tmp_path, monkeypatch, fresh_registry):
+    """A distribution installed only as a dist-info on sys.path, declaring an `autofuse` entry point."""
+    (tmp_path / "autofuse_tiny_plugin.py").write_text(EXTERNAL)
+    info = tmp_path / "autofuse_tiny_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: autofuse-tiny-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[autofuse]\ntiny = autofuse_tiny_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    importlib.invalidate_caches()
+    plugins.reset_plugin_manager()
+    return tmp_path
+
+
+def _register(monkeypatch, source: str, name: str, tmp_path) -> None:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", name)
+    plugins.reset_plugin_manager()
+
+
+def test_builtins_register_through_the_entry_point_group(fresh_registry):
+    owners = {registry.owner(p) for p in registry.problems()}
+    assert owners == {f"problems.{p}" for p in registry.problems()}
+    assert registry.owner("gemm_bn", "simplified") == "gemm_bn.simplified"
+
+
+def test_a_third_party_distribution_adds_a_variant_that_is_listed_tuned_and_dispatched(third_party, tmp_path):
+    listed = {v["name"]: v for v in autofuse.list_variants("matmul_gelu_softmax")}
+    assert listed["external"]["plugin"] == "tiny"
+    table = tmp_path / "t.json"
+    [result] = autofuse.tune("matmul_gelu_softmax", {"batch_size": 8, "in_features": 24, "out_features": 16},
+                             device="cpu", table=table, variants=["external"], seed=0, progress=False)
+    assert result.winner["variant"] == "external"
+    module = autofuse.get_module("matmul_gelu_softmax", 24, 16, table=table)
+    with torch.no_grad():
+        assert module.dispatch_info(torch.rand(8, 24))["variant"] == "external"
+
+
+def test_duplicate_names_fail_naming_both_plugins(monkeypatch, tmp_path, fresh_registry):
+    _register(monkeypatch, '''
+        import autofuse
+        from autofuse.variant import Variant
+
+        class Again(Variant):
+            name = "simplified"
+            problem = "gemm_bn"
+            kind = "simplified"
+            description = "clashes with the built-in"
+
+        @autofuse.hookimpl
+        def autofuse_register_variants():
+            return [Again]
+    ''', "clashing_plugin", tmp_path)
+    with pytest.raises(autofuse.PluginError, match="gemm_bn.simplified.*clashing_plugin"):
+        registry.variants("gemm_bn")
+
+
+def test_duplicate_problem_alias_fails_naming_both(monkeypatch, tmp_path, fresh_registry):
+    _register(monkeypatch, '''
+        import dataclasses
+        import autofuse
+        from autofuse.problems.gemm_bn import PROBLEM
+
+        @autofuse.hookimpl
+        def autofuse_register_problems():
+            return [dataclasses.replace(PROBLEM, name="gemm_bn_copy", aliases=("kb2-39",))]
+    ''', "alias_plugin", tmp_path)
+    with pytest.raises(autofuse.PluginError, match="kb2-39.*problems.gemm_bn.*alias_plugin"):
+        registry.problems()
+
+
+def test_a_misspelled_hook_is_caught(monkeypatch, tmp_path, fresh_registry):
+    _register(monkeypatch, '''
+        import autofuse
+
+        @autofuse.hookimpl
+        def autofuse_register_variant():
+            return []
+    ''', "typo_plugin", tmp_path)
+    with pytest.raises(Exception, match="autofuse_register_variant"):
+        registry.problems()
+
+
+def test_a_variant_for_an_unknown_problem_lists_the_known_ones(monkeypatch, tmp_path, fresh_registry):
+    _register(monkeypatch, '''
+        import autofuse
+        from autofuse.variant import Variant
+
+        class Orphan(Variant):
+            name = "orphan"
+            problem = "no_such_problem"
+            kind = "eager"
+            description = "for a problem nobody registered"
+
+        @autofuse.hookimpl
+        def autofuse_register_variants():
+            return [Orphan]
+    ''', "orphan_plugin", tmp_path)
+    with pytest.raises(autofuse.PluginError, match="orphan_plugin.*known problems: gemm_avgpool"):
+        registry.problems()
+
+
+def test_unknown_names_list_the_known_ones(fresh_registry):
+    with pytest.raises(autofuse.UnknownNameError, match="known problems: .*gemm_bn"):
+        registry.get_problem("gemm_bm")
+    with pytest.raises(autofuse.UnknownNameError, match="known variants: .*simplified"):
+        registry.get_variant("kb2-39", "simplifed")
+
+
+def test_an_environment_variable_blocks_named_plugins(monkeypatch, fresh_registry):
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "gemm_bn.simplified, problems.matmul_clamp_lse_mish")
+    plugins.reset_plugin_manager()
+    assert "simplified" not in registry.variants("gemm_bn")
+    assert "eager" in registry.variants("gemm_bn")
+    assert "matmul_clamp_lse_mish" not in registry.problems()
+
+
+def test_tracing_prints_hook_calls(monkeypatch, capsys, fresh_registry):
+    monkeypatch.setenv("AUTOFUSE_TRACE_PLUGINS", "1")
+    plugins.reset_plugin_manager()
+    registry.problems()
+    assert "autofuse_register_problems" in capsys.readouterr().err
+
+
+def test_every_hookspec_is_documented_and_tested():
+    specs = [name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("autofuse_")]
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    tests = "".join(p.read_text() for p in pathlib.Path(__file__).parent.rglob("test_*.py"))
+    for name in specs:
+        assert getattr(hookspecs, name).__doc__, f"hookspec {name} has no docstring"
+        assert name in readme, f"hookspec {name} is not documented in README.md"
+        assert name in tests.replace(f'"{name}"', ""), f"hookspec {name} is not used by any test"

@@ -1,0 +1,117 @@
+"""The tuner end to end on CPU: outcomes of broken candidates, resume, the table, concurrency."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import autofuse
+from autofuse import plugins
+from autofuse.outcome import Outcome
+from autofuse.table import DispatchTable
+
+PLUGIN_DIR = str(pathlib.Path(__file__).parent / "plugins")
+SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
+
+
+@pytest.fixture
+def broken_plugins(monkeypatch):
+    monkeypatch.syspath_prepend(PLUGIN_DIR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", "broken_variants")
+    plugins.reset_plugin_manager()
+    yield
+    monkeypatch.delenv("AUTOFUSE_PLUGINS")
+    plugins.reset_plugin_manager()
+
+
+def _outcomes(result):
+    return {row.variant: row.result.outcome for row in result.rows if row.result is not None}
+
+
+def test_each_broken_candidate_is_a_recorded_outcome_and_the_tune_goes_on(broken_plugins, tmp_path):
+    names = ["eager", "segfault", "abort", "hang", "raises", "wrong", "compile_error"]
+    [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", table=tmp_path / "t.json", seed=3,
+                             variants=names, trial_timeout=15, autograd_entry=False, progress=False)
+    outcomes = _outcomes(result)
+    assert outcomes == {
+        "eager": Outcome.OK, "segfault": Outcome.RUNTIME_FAILED, "abort": Outcome.RUNTIME_FAILED,
+        "hang": Outcome.TIMED_OUT, "raises": Outcome.RUNTIME_FAILED, "wrong": Outcome.INCORRECT,
+        "compile_error": Outcome.COMPILE_FAILED,
+    }
+    reasons = {row.variant: row.result.reason for row in result.rows}
+    assert "SIGSEGV" in reasons["segfault"] and "SIGABRT" in reasons["abort"]
+    assert "invalid configuration" in reasons["raises"] and "relative L2 error" in reasons["wrong"]
+    assert result.winner["variant"] == "eager"
+    assert DispatchTable(tmp_path / "t.json").load()["devices"]
+
+
+def test_tune_writes_an_entry_that_get_module_uses(tmp_path):
+    [result] = autofuse.tune("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=tmp_path / "t.json",
+                             seed=1, progress=False)
+    assert result.winner is not None and result.grad_winner is not None
+    module = autofuse.get_module("gemm_avgpool_gelu_residual", 48, 40, table=tmp_path / "t.json")
+    x = torch.rand(16, 48)
+    with torch.no_grad():
+        info = module.dispatch_info(x)
+    assert info["source"] == "tuned" and info["variant"] == result.winner["variant"]
+    assert module.dispatch_info(x)["source"] == "tuned"  # the autograd entry, params require grad
+
+
+def test_an_interrupted_tune_resumes_from_the_study(tmp_path, monkeypatch):
+    calls = []
+    from autofuse import worker as worker_module
+
+    real_call = worker_module.Worker.call
+
+    def counting_call(self, op, payload, timeout):
+        calls.append(op)
+        return real_call(self, op, payload, timeout)
+
+    monkeypatch.setattr(worker_module.Worker, "call", counting_call)
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=5, autograd_entry=False, progress=False)
+    autofuse.tune("matmul_clamp_lse_mish", SMALL, n_trials=1, **kwargs)
+    first = calls.count("evaluate")
+    calls.clear()
+    autofuse.tune("matmul_clamp_lse_mish", SMALL, n_trials=2, **kwargs)
+    assert first == 1 and calls.count("evaluate") == 1  # only the missing trial ran
+
+
+def test_concurrent_tuners_into_one_table_lose_nothing(tmp_path):
+    table = tmp_path / "shared.json"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "autofuse.cli", "tune", "matmul_gelu_softmax", "--device", "cpu",
+                          "--shape", f"batch_size={b},in_features=32,out_features=24", "--table", str(table),
+                          "--no-progress", "--seed", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for b in (3, 5, 9)
+    ]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+    shapes = {shape for _, _, shape, _, _ in DispatchTable(table).entries()}
+    assert shapes == {f"batch_size={b},in_features=32,out_features=24" for b in (3, 5, 9)}
+
+
+def test_a_corrupt_table_is_left_intact_and_the_result_kept_beside_it(tmp_path, capsys):
+    table = tmp_path / "t.json"
+    table.write_bytes(b'{"schema": "autofuse-dispatch-table", "vers')
+    autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", table=table, seed=1, autograd_entry=False, progress=False)
+    assert table.read_bytes() == b'{"schema": "autofuse-dispatch-table", "vers'
+    [rescued] = list(tmp_path.glob("t.rescued-*.json"))
+    assert json.loads(rescued.read_text())["devices"]
+    assert "left intact" in capsys.readouterr().out
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(autofuse.InputError, match="precision"):
+        autofuse.tune("gemm_bn", SMALL, device="cpu", precision="fp16")
+    with pytest.raises(autofuse.InputError, match="shape parameter"):
+        autofuse.tune("gemm_bn", {"batch": 3}, device="cpu")
+    with pytest.raises(autofuse.UnknownNameError, match="known problems"):
+        autofuse.tune("no_such_problem", SMALL, device="cpu")
+    with pytest.raises(autofuse.InputError, match="no variant"):
+        autofuse.tune("gemm_bn", SMALL, device="cpu", variants=["nope"])

@@ -49,19 +49,28 @@ def _flush_l2(device: torch.device) -> None:
     buffer.zero_()
 
 
-def _time_once(fn: Callable[[], object], device: torch.device, flush: bool) -> float:
+def _time_reps(fn: Callable[[], object], device: torch.device, flush: bool, reps: int) -> list[float]:
+    """Milliseconds of ``reps`` calls. On CUDA all are enqueued before one synchronize, as a
+    caller's loop would run: the host's launch overhead overlaps the device work instead of
+    being counted in full after every call."""
     if device.type != "cuda":
-        start = time.perf_counter_ns()
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - start) / 1e6)
+        return samples
+    events = []
+    for _ in range(reps):
+        if flush:
+            _flush_l2(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-        return (time.perf_counter_ns() - start) / 1e6
-    if flush:
-        _flush_l2(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize(device)
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def _rep_count(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
@@ -76,14 +85,19 @@ def time_callable(fn: Callable[[], object], device, *, warmup: int = 3, budget_m
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    estimate = _time_once(fn, device, flush)
+    estimate = statistics.median(_time_reps(fn, device, flush, 3))
     reps = _rep_count(estimate, budget_ms, min_reps, max_reps)
-    return Timing.from_samples([_time_once(fn, device, flush) for _ in range(reps)])
+    return Timing.from_samples(_time_reps(fn, device, flush, reps))
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], object]], device, *, rounds: int = 30, warmup: int = 2,
-                     flush: bool = True) -> dict[str, Timing]:
-    """Time every callable once per round, round-robin, and summarise each."""
+                     per_round: int = 3, flush: bool = True) -> dict[str, Timing]:
+    """Time the callables round-robin, ``per_round`` calls each per round after one untimed call.
+
+    The untimed call lets each candidate reach its steady state after the previous one (a
+    heavy GEMM before a small memory-bound kernel left it ~40% slow on an H200), so what is
+    compared is what repeated calls cost, while the rounds spread drift over all candidates.
+    """
     device = torch.device(device)
     for fn in fns.values():
         for _ in range(warmup):
@@ -91,5 +105,6 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], device, *, rounds:
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            samples[name].append(_time_once(fn, device, flush))
+            fn()
+            samples[name].extend(_time_reps(fn, device, flush, per_round))
     return {name: Timing.from_samples(values) for name, values in samples.items()}

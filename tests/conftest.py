@@ -31,4 +31,5 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOFUSE_HOME", str(tmp_path / "autofuse-home"))
 
 
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+# Parametrize over these: the CUDA case carries the gpu marker, so CPU-only runs list it as skipped.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

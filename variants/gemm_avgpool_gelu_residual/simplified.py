@@ -30,16 +30,17 @@ class SimplifiedGemmAvgPoolGeluResidual(Variant):
     def forward(self, model, x):
         gemm, subtract = model.gemm, model.subtract
         tensors = [t for t in (gemm.weight, gemm.bias, subtract) if t is not None]
-        w_mean, offset = self._folded.get(tensors, lambda: self._fold(gemm, subtract))
-        z = torch.addmv(offset, x.float(), w_mean)
+        acc = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 inputs
+        w_mean, offset = self._folded.get(tensors, lambda: self._fold(gemm, subtract, acc), extra=(acc,))
+        z = torch.addmv(offset, x.to(acc), w_mean)
         return x.detach() + F.gelu(z).to(x.dtype)[:, None]
 
     @staticmethod
-    def _fold(gemm, subtract):
-        w_mean = gemm.weight.float().mean(dim=0)
-        offset = -subtract.float().mean()
+    def _fold(gemm, subtract, acc):
+        w_mean = gemm.weight.to(acc).mean(dim=0)
+        offset = -subtract.to(acc).mean()
         if gemm.bias is not None:
-            offset = offset + gemm.bias.float().mean()
+            offset = offset + gemm.bias.to(acc).mean()
         return w_mean, offset
 
 

@@ -1,0 +1,43 @@
+"""The `autofuse` command: list, tune, show, and its errors."""
+
+import json
+import subprocess
+import sys
+
+from autofuse.cli import main
+
+
+def test_list_shows_every_problem_and_variant(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish", "kb2-39"):
+        assert name in out
+    assert out.count("simplified") >= 4
+
+
+def test_tune_then_show(tmp_path, capsys):
+    table = str(tmp_path / "t.json")
+    assert main(["tune", "kb2-22", "--shape", "batch_size=5,in_features=33,out_features=17", "--device", "cpu",
+                 "--table", table, "--no-progress", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "winner:" in out and "outcome" in out and "eager" in out
+    assert json.load(open(table))["schema"] == "autofuse-dispatch-table"
+    assert main(["show", "--table", table]) == 0
+    shown = capsys.readouterr().out
+    assert "matmul_clamp_lse_mish" in shown and "batch_size=5,input_size=33,hidden_size=17" in shown
+
+
+def test_errors_exit_2_with_a_message(capsys, tmp_path):
+    assert main(["tune", "gemm_bm"]) == 2
+    assert "known problems" in capsys.readouterr().err
+    assert main(["tune", "gemm_bn", "--shape", "batch_size=4,in_features=8", "--device", "cpu"]) == 2
+    assert "missing ['out_features']" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert main(["show", "--table", str(bad)]) == 2
+    assert "left intact" in capsys.readouterr().err
+
+
+def test_the_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "autofuse.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "tune" in out.stdout

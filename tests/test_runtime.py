@@ -1,0 +1,192 @@
+"""get_module: a drop-in for the reference model that dispatches each call through the table."""
+
+import logging
+
+import pytest
+import torch
+
+import autofuse
+from autofuse import registry
+from autofuse.table import DispatchTable
+from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, record
+
+B, IN, OUT = SMALL
+
+
+def module_for(problem, batch=B, n_in=IN, n_out=OUT, **kwargs):
+    args, init_kwargs = init_args(problem, batch, n_in, n_out)
+    return autofuse.get_module(problem, *args, **init_kwargs, **kwargs)
+
+
+def loaded_pair(problem, mode="train"):
+    """(KernelBench Model with random weights, get_module module holding the same state)."""
+    reference = kernelbench_model(problem, B, IN, OUT, mode=mode)
+    module = module_for(problem).train(mode == "train")
+    module.load_state_dict(reference.state_dict())
+    return reference, module
+
+
+# -- a drop-in for the reference ------------------------------------------------
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_state_dict_and_parameter_names_are_the_references(problem):
+    args, kwargs = init_args(problem, B, IN, OUT)
+    reference = registry.get_problem(problem).model(*args, **kwargs)
+    module = module_for(problem)
+    assert isinstance(module, type(reference))
+    assert list(module.state_dict()) == list(reference.state_dict())
+    assert [n for n, _ in module.named_parameters()] == [n for n, _ in reference.named_parameters()]
+
+
+@pytest.mark.parametrize("variant", [None, "simplified"])
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_loaded_kernelbench_state_gives_the_references_output(problem, variant):
+    if variant is not None:
+        record(problem, B, IN, OUT, mode="train" if problem == "gemm_bn" else "any", autograd=True, variant=variant)
+    reference, module = loaded_pair(problem)
+    x = torch.randn(B, IN)
+    want, got = reference(x), module(x)
+    info = module.dispatch_info(x)
+    assert info["variant"] == (variant or "eager"), info
+    assert_close(got, want, registry.get_problem(problem).tolerances["fp32"])
+    for name, buf in reference.named_buffers():  # gemm_bn in train mode: the running statistics
+        assert_close(module.get_buffer(name), buf, atol=1e-6, rtol=1e-5, what=name)
+
+
+# -- which variant serves a call --------------------------------------------------
+
+def test_exact_entry_is_used():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True)
+    info = module_for("matmul_gelu_softmax").dispatch_info(torch.randn(B, IN))
+    assert (info["source"], info["variant"]) == ("tuned", "simplified")
+
+
+def test_no_entry_runs_the_reference_and_warns_once(caplog):
+    module = module_for("matmul_gelu_softmax")
+    x = torch.randn(B, IN)
+    with caplog.at_level(logging.WARNING, logger="autofuse"):
+        for _ in range(3):
+            module(x)
+    assert module.dispatch_info(x)["source"] == "no entry: reference"
+    warnings = [r for r in caplog.records if r.name == "autofuse"]
+    assert len(warnings) == 1 and "no tuned entry" in warnings[0].getMessage(), [r.getMessage() for r in warnings]
+
+
+def test_nearest_batch_entry_serves_another_batch():
+    record("gemm_avgpool_gelu_residual", 64, IN, OUT, autograd=True)
+    info = module_for("gemm_avgpool_gelu_residual").dispatch_info(torch.randn(50, IN))
+    assert info["source"].startswith("nearest batch") and info["variant"] == "simplified", info
+
+
+def test_grad_need_is_part_of_the_key():
+    record("matmul_clamp_lse_mish", B, IN, OUT, autograd=False)
+    module, x = module_for("matmul_clamp_lse_mish"), torch.randn(B, IN)
+    assert module.dispatch_info(x)["source"] == "no entry: reference"
+    assert module(x).requires_grad
+    with torch.no_grad():
+        assert module.dispatch_info(x)["source"] == "tuned"
+
+
+def test_unknown_variant_in_the_table_falls_back_with_a_warning(caplog):
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True, variant="no_such_variant")
+    reference, module = loaded_pair("matmul_gelu_softmax")
+    x = torch.randn(B, IN)
+    with caplog.at_level(logging.WARNING, logger="autofuse"):
+        got = module(x)
+    assert_close(got, reference(x), atol=1e-6, rtol=1e-5)
+    assert module.dispatch_info(x)["source"] == "unusable entry: reference"
+    assert any("no_such_variant" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_corrupt_table_is_reported_and_left_intact(tmp_path, caplog):
+    path = tmp_path / "table.json"
+    garbage = bytes(range(256)) * 4
+    path.write_bytes(garbage)
+    reference, module = loaded_pair("gemm_avgpool_gelu_residual")
+    module._autofuse.table = DispatchTable(path)
+    x = torch.randn(B, IN)
+    with caplog.at_level(logging.WARNING, logger="autofuse"):
+        got = module(x)
+    assert_close(got, reference(x), atol=1e-6, rtol=1e-5)
+    assert module.dispatch_info(x)["source"] == "no entry: reference"
+    assert any(str(path) in r.getMessage() for r in caplog.records), caplog.text
+    assert path.read_bytes() == garbage
+
+
+def test_table_argument_is_read(tmp_path):
+    path = tmp_path / "elsewhere.json"
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True, path=path)
+    assert module_for("matmul_gelu_softmax", table=path).dispatch_info(torch.randn(B, IN))["source"] == "tuned"
+    assert module_for("matmul_gelu_softmax").dispatch_info(torch.randn(B, IN))["source"] == "no entry: reference"
+
+
+# -- inputs that do not fit --------------------------------------------------------
+
+@pytest.mark.parametrize("x, expected, got", [
+    (torch.randn(IN), "2-D", f"({IN},)"),
+    (torch.randn(2, B, IN), "2-D", f"(2, {B}, {IN})"),
+    (torch.randn(B, IN + 1), str(IN), f"({B}, {IN + 1})"),
+    (torch.randn(B, IN, dtype=torch.float64), "float32", "float64"),
+], ids=["1-D", "3-D", "features", "float64"])
+def test_wrong_input_names_expected_and_got(x, expected, got):
+    module = module_for("gemm_bn")
+    with pytest.raises(autofuse.InputError) as info:
+        module(x)
+    assert expected in str(info.value) and got in str(info.value), str(info.value)
+
+
+def test_bfloat16_input_needs_bf16_precision():
+    module = module_for("matmul_gelu_softmax").to(torch.bfloat16)
+    with pytest.raises(autofuse.InputError, match="precision='fp32'.*got bfloat16"):
+        module(torch.randn(B, IN, dtype=torch.bfloat16))
+
+
+def test_bf16_precision_module_takes_bfloat16_input():
+    module = module_for("matmul_gelu_softmax", precision="bf16").to(torch.bfloat16)
+    assert module(torch.randn(B, IN, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+# -- train/eval, the hot path, precision --------------------------------------------
+
+def test_gemm_bn_train_and_eval_each_match_the_reference():
+    record("gemm_bn", B, IN, OUT, mode="train", autograd=True, median_ms=1.0)
+    record("gemm_bn", B, IN, OUT, mode="eval", autograd=True, median_ms=3.0)
+    reference, module = loaded_pair("gemm_bn")
+    tol = registry.get_problem("gemm_bn").tolerances["fp32"]
+    for mode, marker in (("train", 1.0), ("eval", 3.0), ("train", 1.0)):
+        reference.train(mode == "train"), module.train(mode == "train")
+        x = torch.randn(B, IN)
+        assert module.dispatch_info(x)["entry"]["median_ms"] == marker, mode
+        assert_close(module(x), reference(x), tol, what=mode)
+        assert_close(module.bn.running_var, reference.bn.running_var, tol, what=f"{mode} running_var")
+
+
+def test_hot_path_reads_no_file(monkeypatch):
+    record("gemm_avgpool_gelu_residual", B, IN, OUT, autograd=True)
+    module, x = module_for("gemm_avgpool_gelu_residual"), torch.randn(B, IN)
+    first = module(x)
+
+    def no_io(self):
+        raise AssertionError("the dispatch table was read on the hot path")
+    monkeypatch.setattr(DispatchTable, "load", no_io)
+    assert_close(module(x), first, atol=0, rtol=0)
+
+
+def test_bfloat16_module_uses_its_bf16_entry():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True, dtype="bfloat16", precision="bf16")
+    module, x = module_for("matmul_gelu_softmax", precision="bf16"), torch.randn(B, IN)
+    assert module.dispatch_info(x)["source"] == "no entry: reference"
+    module.to(torch.bfloat16)
+    assert module.dispatch_info(x.bfloat16())["source"] == "tuned"
+
+
+def test_tf32_precision_runs():
+    reference, module = kernelbench_model("matmul_gelu_softmax", B, IN, OUT), module_for("matmul_gelu_softmax", precision="tf32")
+    module.load_state_dict(reference.state_dict())
+    x = torch.randn(B, IN)
+    assert_close(module(x), reference(x), registry.get_problem("matmul_gelu_softmax").tolerances["tf32"])
+
+
+def test_unknown_precision_raises():
+    with pytest.raises(autofuse.InputError, match="fp64"):
+        module_for("gemm_bn", precision="fp64")

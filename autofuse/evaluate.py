@@ -13,7 +13,6 @@ from autofuse import registry
 from autofuse.errors import BuildError
 from autofuse.outcome import Outcome, TrialResult
 from autofuse.precision import parse_dtype
-from autofuse.table import current_fingerprint
 from autofuse.timing import Timing, time_callable, time_interleaved
 from autofuse.variant import EagerVariant
 from autofuse.verify import CheckCase, build_case, check_cases, check_variant
@@ -27,10 +26,6 @@ def _job_state(state: dict, job: Job) -> dict:
         state.clear()
         state["job"] = job
     return state
-
-
-def fingerprint(state: dict, device: str) -> dict:
-    return current_fingerprint(device)
 
 
 def evaluate(state: dict, job: Job, candidate: Candidate) -> TrialResult:

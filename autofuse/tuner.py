@@ -25,7 +25,7 @@ from autofuse.precision import check_dtype, check_precision, dtype_name, parse_d
 from autofuse.problem import Problem
 from autofuse.progress import TrialProgress
 from autofuse.selection import Row, choose
-from autofuse.table import DispatchKey, DispatchTable, fingerprint_key, shape_key
+from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
@@ -105,20 +105,40 @@ def _tune_shape(prob, shape, settings, worker, table, n_trials, timeout, trial_t
                 autograd_entry, storage, progress) -> TuneResult:
     spaces = _spaces(prob, shape, settings, only)
     job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
-    fingerprint = worker.call("fingerprint", (settings["device"],), trial_timeout)
-    if isinstance(fingerprint, TrialResult):
-        raise RuntimeError(f"the worker could not read the device fingerprint: {fingerprint.reason}")
+    # Read in this process: a rerun whose trials are all done then never starts a worker.
+    fingerprint = current_fingerprint(settings["device"])
     key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
     study = studies.open_study(name, settings["seed"], storage)
     studies.enqueue_defaults(study, spaces)
     total = n_trials if n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+    before = len(studies.finished(study))
     results = _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, f"{prob.name} {prob.shape_str(shape)}")
     rows = _rows(results, registry.variants(prob.name), spaces)
-    winner, grad_winner = _finish(prob, job, rows, worker, trial_timeout, autograd_entry, len(study.trials))
-    _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+    n_done = len(studies.finished(study))
+    recorded = _recorded(table, fingerprint, prob, shape, key, autograd_entry)
+    if n_done == before and recorded is not None and recorded[0].get("study") == name and recorded[0].get("trials") == n_done:
+        # Nothing new was measured and the table holds this study's choice: keep it (a rerun
+        # of a tuned shape costs no device time).
+        winner, grad_winner = recorded
+    else:
+        winner, grad_winner = _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_done, name)
+        _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
+
+
+def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
+    """(entry, autograd entry) already in the table for this key, or None."""
+    try:
+        lookup = lambda k: table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)  # noqa: E731
+        entry = lookup(key)
+        grad = lookup(dataclasses.replace(key, autograd=True)) if autograd_entry else None
+    except TableError:
+        return None
+    if entry is None or (autograd_entry and grad is None):
+        return None
+    return entry, grad
 
 
 def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
@@ -165,7 +185,7 @@ def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
     return rows
 
 
-def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials):
+def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name):
     """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable ones."""
     variants = registry.variants(prob.name)
     winner = choose(job, rows, worker, trial_timeout, autograd=False)
@@ -178,7 +198,7 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials):
                 grad_rows.append(dataclasses.replace(row, result=checked))
         grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
     stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "seed": job.seed}
+             "seed": job.seed, "study": study_name}
     for entry, grad in ((winner, False), (grad_winner, True)):
         if entry is not None:
             entry.update(stamp, source_hash=variants[entry["variant"]].source_hash())

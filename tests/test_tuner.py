@@ -115,3 +115,16 @@ def test_bad_arguments_fail_clearly():
         autofuse.tune("no_such_problem", SMALL, device="cpu")
     with pytest.raises(autofuse.InputError, match="no variant"):
         autofuse.tune("gemm_bn", SMALL, device="cpu", variants=["nope"])
+
+
+def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_path, monkeypatch):
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=4, progress=False)
+    [first] = autofuse.tune("matmul_gelu_softmax", SMALL, **kwargs)
+    from autofuse import worker as worker_module
+
+    def no_worker(self):
+        raise AssertionError("a rerun with nothing new to measure must not start a worker")
+
+    monkeypatch.setattr(worker_module.Worker, "_start", no_worker)
+    [again] = autofuse.tune("matmul_gelu_softmax", SMALL, **kwargs)
+    assert again.winner == first.winner and again.grad_winner == first.grad_winner

@@ -56,10 +56,25 @@ __global__ void __launch_bounds__(TILE * TILE) af_gemm_tiled(const float* __rest
 }
 
 // --- register-blocked ----------------------------------------------------------------------
-template <int ROWS, int BK, int VEC, int THREADS>
+// Where logical row r of a tile is kept in shared memory. The compute loop reads each thread's
+// P consecutive rows (P = TM or TN) as float4s; stored as-is, lanes tx and tx+1 would read
+// 4·P bytes apart, a 2-way bank conflict for P = 8. Interleaving the groups of four (group g
+// of thread t at g·(ROWS/P·4) + 4t) makes a quarter-warp's float4 reads consecutive.
+template <int ROWS, int P>
+__device__ __forceinline__ int af_swizzle(int r) {
+    if constexpr (P % 4 != 0) {
+        return r;
+    } else {
+        const int t = r / P, j = r % P;
+        return (j / 4) * (ROWS / P * 4) + t * 4 + (j % 4);
+    }
+}
+
+template <int ROWS, int BK, int VEC, int THREADS, int P>
 struct AfTileLoader {
     // A ROWS×BK slice of a K-contiguous matrix, VEC consecutive k per load, transposed into
-    // shared memory as [BK][ROWS] so the compute loop reads consecutive rows.
+    // shared memory as [BK][ROWS] (rows swizzled, see af_swizzle) so the compute loop reads
+    // consecutive rows.
     static constexpr int LOADS = ROWS * BK / (VEC * THREADS);
     static_assert(LOADS * VEC * THREADS == ROWS * BK, "BM*BK and BN*BK must be multiples of VEC*threads");
     float reg[LOADS][VEC];
@@ -90,7 +105,7 @@ struct AfTileLoader {
             const int e = threadIdx.x + i * THREADS;
             const int r = e / (BK / VEC), kv = (e % (BK / VEC)) * VEC;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) dst[kv + v][r] = reg[i][v];
+            for (int v = 0; v < VEC; ++v) dst[kv + v][af_swizzle<ROWS, P>(r)] = reg[i][v];
         }
     }
 };
@@ -106,8 +121,8 @@ af_gemm_blocked(const float* __restrict__ A, const float* __restrict__ B, int M,
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     // float4 loads need 16-byte aligned rows: K a multiple of 4 (torch allocations are aligned).
     const bool vector_ok = (K % 4 == 0);
-    AfTileLoader<BM, BK, VEC, THREADS> la;
-    AfTileLoader<BN, BK, VEC, THREADS> lb;
+    AfTileLoader<BM, BK, VEC, THREADS, TM> la;
+    AfTileLoader<BN, BK, VEC, THREADS, TN> lb;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -130,9 +145,9 @@ af_gemm_blocked(const float* __restrict__ A, const float* __restrict__ B, int M,
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
 #pragma unroll
-            for (int i = 0; i < TM; ++i) a[i] = As[cur][kk][ty * TM + i];
+            for (int i = 0; i < TM; ++i) a[i] = As[cur][kk][af_swizzle<BM, TM>(ty * TM + i)];
 #pragma unroll
-            for (int j = 0; j < TN; ++j) b[j] = Bs[cur][kk][tx * TN + j];
+            for (int j = 0; j < TN; ++j) b[j] = Bs[cur][kk][af_swizzle<BN, TN>(tx * TN + j)];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll

@@ -6,14 +6,31 @@
 
 #include <math.h>
 
-// Combine two (max, sum of exp(v - max)) pairs: the numerically stable way to merge softmax
-// or logsumexp partials. An empty partial is (-inf, 0).
+// torch.clamp(v, lo, hi): a NaN stays NaN, a NaN bound makes the result NaN (clamp_out fills
+// it with NaN); lo > hi gives hi, as min(max(v, lo), hi) does. fmaxf alone would drop a NaN.
+__device__ __forceinline__ float af_clamp(float v, float lo, float hi) {
+    return (isnan(v) || isnan(lo) || isnan(hi)) ? NAN : fminf(fmaxf(v, lo), hi);
+}
+
+// Merge (om, os) into the running (max, Σ exp(v − max)) pair (m, s): the numerically stable way
+// to combine softmax or logsumexp partials; the empty pair is (−inf, 0). A NaN or +inf max is
+// final (the row's result is that value, as in torch.logsumexp), so its sum is zeroed; fmaxf
+// alone would drop a NaN. Otherwise s stays a finite sum of terms ≤ 1.
 __device__ __forceinline__ void af_lse_merge(float& m, float& s, float om, float os) {
-    if (om == -INFINITY) return;
-    if (m == -INFINITY) { m = om; s = os; return; }
-    const float hi = fmaxf(m, om);
+    const float hi = (isnan(m) || isnan(om)) ? NAN : fmaxf(m, om);
+    if (!isfinite(hi)) {  // NaN or +inf: the row's result; −inf: both pairs empty
+        m = hi;
+        s = 0.f;
+        return;
+    }
     s = s * expf(m - hi) + os * expf(om - hi);
     m = hi;
+}
+
+// Add one value; the usual case (no new max, finite max) costs one expf.
+__device__ __forceinline__ void af_lse_push(float& m, float& s, float v) {
+    if (isfinite(m) && v <= m) s += expf(v - m);  // false for a NaN v: the merge handles it
+    else af_lse_merge(m, s, v, 1.f);
 }
 
 // Reduce a (max, sum) pair across the TX consecutive lanes that share a row.

@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(BLOCK) gelu_softmax_rows(const float* y, float
     for (int c = threadIdx.x; c < N; c += BLOCK) {
         const float g = af_gelu(y[base + c]);
         out[base + c] = g;
-        af_lse_merge(m, s, g, 1.f);
+        af_lse_push(m, s, g);
     }
     af_lse_reduce_block<BLOCK>(m, s);
     const float inv = 1.f / s;

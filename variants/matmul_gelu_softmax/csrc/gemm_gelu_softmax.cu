@@ -25,7 +25,7 @@ struct GeluSoftmaxEpilogue {
                 if (row < M && col < N) {
                     const float v = af_gelu(acc[i][j] + bias[col]);
                     y[(size_t)row * N + col] = v;
-                    af_lse_merge(m, s, v, 1.f);
+                    af_lse_push(m, s, v);
                 }
             }
             af_lse_reduce_row<TX>(m, s);

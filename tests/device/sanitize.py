@@ -1,0 +1,27 @@
+"""One small, odd-shaped run of every CUDA variant (default and a small templated config), for
+``compute-sanitizer --tool memcheck python3 tests/device/sanitize.py [problem ...]``."""
+
+import sys
+
+import torch
+
+from autofuse import registry
+from autofuse.verify import CheckCase, build_case
+
+problems = sys.argv[1:] or sorted(registry.problems())
+for name in problems:
+    prob = registry.get_problem(name)
+    shape = dict(zip(prob.dims, (37, 100, 77)))
+    for mode in ("train", "eval") if prob.mode_sensitive else ("train",):
+        model, x = build_case(prob, CheckCase(shape, "randn", 1, True), "cuda", torch.float32, mode)
+        for vname, cls in registry.variants(name).items():
+            if cls.admits("cuda", torch.float32, "fp32", False) is not None or "cuda" not in cls.devices or cls.devices == ("cpu", "cuda"):
+                continue
+            configs = cls.configs(shape, "cuda")
+            for params in configs[:1] + [c for c in configs[1:] if c.get("bm") == 32 and c.get("vec") == 1][:1]:
+                variant = cls("fp32", **params)
+                variant.build("cuda")
+                with torch.no_grad():
+                    variant(model, x)
+                torch.cuda.synchronize()
+                print(f"ran {name}/{vname} {mode} {params}")

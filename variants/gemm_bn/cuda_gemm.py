@@ -1,0 +1,196 @@
+"""``gemm_bn``, CUDA GEMM with the BatchNorm epilogue fused: naive, tiled and templated.
+
+Training (batch statistics). With z = x·Wᵀ (no bias), y = (z + b)·s has batch mean
+s·(μ_z + b) and biased variance s²·σ²_z, so the bias cancels and
+    out = (z − μ_z)·coef + β,   coef = s·γ/√(s²·σ²_z + eps).
+The GEMM epilogue stores z and leaves, per column and block of rows, (count, mean, M2) from a
+two-pass over the accumulators still in registers (block mean, then Σ(z − mean)²); a finalize
+kernel merges a column's partials with Chan's parallel update (never E[z²] − E[z]²), writes
+μ_z and coef and updates the running statistics in place; a normalize kernel rewrites z.
+Running statistics as nn.BatchNorm1d: num_batches_tracked += 1 (here, on the int64 buffer),
+factor = momentum, or 1/num_batches_tracked when momentum is None; running_mean is lerped
+towards s·(μ_z + b), running_var towards the unbiased s²·σ²_z·n/(n − 1). Needs batch >= 2.
+
+Eval (running statistics). out = z·k + shift per column, k = s·γ/√(running_var + eps),
+shift = (b·s − running_mean)·γ/√(running_var + eps) + β: k and shift are computed once with
+torch, cached until a parameter or running statistic changes, and applied in the epilogue.
+
+fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tensors (made
+contiguous; the running statistics must already be contiguous, they are updated in place);
+any sizes. Kernel: csrc/gemm_bn.cu.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
+from autofuse.errors import InputError
+from autofuse.gemm_space import SHARED_LIMIT
+from autofuse.hookspecs import hookimpl
+from autofuse.variant import FoldCache
+
+
+def uses_batch_statistics(bn) -> bool:
+    """nn.BatchNorm's rule: batch statistics in training, or in eval when it keeps no running ones."""
+    return bn.training or (bn.running_mean is None and bn.running_var is None)
+
+
+def momentum_factor(bn) -> float:
+    """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm does."""
+    factor = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:  # cumulative moving average
+            factor = 1.0 / float(bn.num_batches_tracked)
+    return float(factor)
+
+
+def _running(t: torch.Tensor, name: str, n_out: int, device) -> torch.Tensor:
+    """A running statistic the kernel updates in place: a copy would silently drop the update."""
+    checked = operand(t, name, (n_out,), device)
+    if checked.data_ptr() != t.data_ptr():
+        raise InputError(f"{name}: expected a contiguous buffer (updated in place), got strides {t.stride()}")
+    return checked
+
+
+@dataclasses.dataclass
+class TrainOperands:
+    """What the training kernels read besides x and W; γ, β, b default to ones/zeros when absent."""
+
+    bias: torch.Tensor
+    scale: torch.Tensor
+    gamma: torch.Tensor
+    beta: torch.Tensor
+    running_mean: torch.Tensor | None  # None with running_var: this call updates no running statistics
+    running_var: torch.Tensor | None
+    eps: float
+
+    @classmethod
+    def of(cls, model, x: torch.Tensor) -> TrainOperands:
+        """Check everything (InputError naming expected and got) before any side effect."""
+        if x.shape[0] < 2:
+            raise InputError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+        gemm, bn, dev = model.gemm, model.bn, x.device
+        n_out = gemm.weight.shape[0]
+
+        def vector(t, name, default):
+            if t is None:
+                return torch.full((n_out,), default, dtype=torch.float32, device=dev)
+            return operand(t, name, (n_out,), dev)
+
+        stats = None, None
+        if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
+            stats = (_running(bn.running_mean, "bn.running_mean", n_out, dev),
+                     _running(bn.running_var, "bn.running_var", n_out, dev))  # fmt: skip
+        scale = operand(model.scale, "scale", (n_out,), dev)
+        gamma, beta = vector(bn.weight, "bn.weight", 1.0), vector(bn.bias, "bn.bias", 0.0)
+        return cls(vector(gemm.bias, "gemm.bias", 0.0), scale, gamma, beta, *stats, float(bn.eps))
+
+
+def eval_coefficients(model, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, shift) with out = z·k + shift per column in eval mode; see the module docstring."""
+    gemm, bn = model.gemm, model.bn
+    n_out = gemm.weight.shape[0]
+    inv_std = 1.0 / torch.sqrt(operand(bn.running_var, "bn.running_var", (n_out,), device) + bn.eps)
+    if bn.weight is not None:
+        inv_std = inv_std * operand(bn.weight, "bn.weight", (n_out,), device)  # γ/√(var + eps)
+    k = operand(model.scale, "scale", (n_out,), device) * inv_std
+    shift = -operand(bn.running_mean, "bn.running_mean", (n_out,), device) * inv_std
+    if gemm.bias is not None:
+        shift = shift + operand(gemm.bias, "gemm.bias", (n_out,), device) * k
+    if bn.bias is not None:
+        shift = shift + operand(bn.bias, "bn.bias", (n_out,), device)
+    return k.contiguous(), shift.contiguous()
+
+
+def eval_dependencies(model) -> list[torch.Tensor]:
+    """The tensors (k, shift) derive from: the FoldCache key."""
+    gemm, bn = model.gemm, model.bn
+    return [t for t in (gemm.bias, model.scale, bn.weight, bn.bias, bn.running_mean, bn.running_var) if t is not None]
+
+
+class GemmBn(GemmKernelVariant):
+    problem = "gemm_bn"
+    source = "csrc/gemm_bn.cu"
+    launchers = {
+        "af_gemm_bn_train": ("ptr",) * 14 + ("float", "float", "int", "int", "int"),
+        "af_gemm_bn_eval": ("ptr",) * 5 + ("int", "int", "int"),
+    }
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._coefficients = FoldCache()
+
+    def forward(self, model, x):
+        n_out, n_in = model.gemm.weight.shape
+        x = input_operand(x, n_in)
+        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device)
+        if uses_batch_statistics(model.bn):
+            return self._train(model, x, w)
+        return self._eval(model, x, w)
+
+    def _train(self, model, x, w):
+        ops = TrainOperands.of(model, x)
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        if not hasattr(self, "_lib"):
+            self.build(str(x.device))
+        row_blocks = self._lib.af_row_blocks(batch)  # blocks along M in this build: a plain int query
+        out = torch.empty(batch, n_out, device=x.device)
+        part_count, part_mean, part_m2 = torch.empty(3, row_blocks, n_out, device=x.device)
+        col_mean, col_coef = torch.empty(2, n_out, device=x.device)
+        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        self.launch("af_gemm_bn_train", x, w, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
+                    ops.running_var, out, part_count, part_mean, part_m2, col_mean, col_coef, ops.eps, factor,
+                    batch, n_out, n_in, device=x.device)  # fmt: skip
+        return out
+
+    def _eval(self, model, x, w):
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        k, shift = self._coefficients.get(
+            eval_dependencies(model), lambda: eval_coefficients(model, x.device), extra=(float(model.bn.eps),)
+        )
+        out = torch.empty(batch, n_out, device=x.device)
+        self.launch("af_gemm_bn_eval", x, w, k, shift, out, batch, n_out, n_in, device=x.device)
+        return out
+
+
+class CudaNaiveGemmBn(GemmBn):
+    name = "cuda_naive"
+    kind = "cuda_naive"
+    description = "one thread per output (dot product from global memory); BN statistics or eval affine fused"
+
+
+class CudaTiledGemmBn(GemmBn):
+    name = "cuda_tiled"
+    kind = "cuda_tiled"
+    description = "shared-memory tiled GEMM (16 or 32 square tiles); BN column partials or eval affine fused"
+
+
+def _epilogue_shared_bytes(c: dict) -> int:
+    """Static shared memory of the training epilogue (gemm_bn.cu's ``red``): 2·(threads/32)·TX floats."""
+    tx = c["bn"] // c["tn"]
+    threads = tx * (c["bm"] // c["tm"])
+    return 2 * (threads // 32) * tx * 4
+
+
+class CudaTemplatedGemmBn(GemmBn):
+    name = "cuda_templated"
+    kind = "cuda_templated"
+    description = "register-blocked GEMM (tile, k-slice, per-thread block, vector width, stages searched), BN fused"
+
+    @classmethod
+    def configs(cls, shape, device):
+        # The epilogue's reduction buffer shares the 48 KB of static shared memory with the
+        # GEMM's tiles; the few configurations whose tiles fill all of it cannot hold both.
+        def fits(c):
+            return c["stages"] * (c["bm"] + c["bn"]) * c["bk"] * 4 + _epilogue_shared_bytes(c) <= SHARED_LIMIT
+
+        return [c for c in super().configs(shape, device) if fits(c)]
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [CudaNaiveGemmBn, CudaTiledGemmBn, CudaTemplatedGemmBn]

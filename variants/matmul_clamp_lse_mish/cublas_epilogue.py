@@ -1,0 +1,48 @@
+"""``matmul_clamp_lse_mish``, cuBLAS + one fused epilogue kernel.
+
+y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+Then one kernel, one block of AF_BLOCK threads per row, does everything after it in one read
+of y: clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is exact), the running
+(max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and z·mish(z) into the
+(batch, 1) output. NaN propagates as in torch.clamp and torch.logsumexp. So the time is the
+GEMM's plus one read of the (batch × out) logits. Kernel: csrc/clamp_lse_mish_rows.cu.
+"""
+
+import torch
+
+from autofuse.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.hookspecs import hookimpl
+from autofuse.precision import linear
+
+from .cuda_gemm import clamp_lse_scalars
+
+
+class CublasEpilogueClampLseMish(CudaVariant):
+    name = "cublas_epilogue"
+    problem = "matmul_clamp_lse_mish"
+    kind = "cublas_epilogue"
+    description = "addmm through cuBLAS, then one row kernel: clamp + stable logsumexp + z·mish(z)"
+    source = "csrc/clamp_lse_mish_rows.cu"
+    launchers = {"af_clamp_lse_mish_rows": ("ptr", "ptr", "float", "float", "float", "int", "int")}
+
+    @classmethod
+    def configs(cls, shape, device):
+        return [{"block": b} for b in (256, 128, 512, 1024)]
+
+    def forward(self, model, x):
+        lin = model.matmul
+        n_out, n_in = lin.weight.shape
+        x = input_operand(x, n_in)
+        w = operand(lin.weight, "matmul.weight", (n_out, n_in), x.device)
+        b = operand(lin.bias, "matmul.bias", (n_out,), x.device)
+        t, lo, hi = clamp_lse_scalars(model)
+        y = linear(x, w, b, self.precision).contiguous()
+        out = torch.empty(x.shape[0], 1, device=x.device)
+        self.launch("af_clamp_lse_mish_rows", y, out, t, lo, hi, x.shape[0], n_out, device=x.device)
+        return out
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [CublasEpilogueClampLseMish]

@@ -1,0 +1,79 @@
+"""``matmul_clamp_lse_mish``, CUDA GEMM with the epilogue fused: naive, tiled and templated.
+
+``x * s`` then ``x + x`` is one multiply by t = 2s, and doubling is exact, so
+clamp(t·(x·Wᵀ + b), lo, hi) rounds as the reference's clamp((y·s) + (y·s)) does. logsumexp
+needs every logit of a row, so the GEMM's epilogue adds the bias, scales, clamps and leaves one
+(max, Σ exp(v − max)) pair per row and block of columns, never storing the logits; a second
+kernel, one warp per row, merges a row's pairs with the max subtracted (no overflow at any
+clamp bound) and writes z·mish(z). NaN propagates as in torch.clamp and torch.logsumexp.
+s, lo and hi are read from the model at every call and passed as float32, as PyTorch casts them.
+fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tensors (made
+contiguous), a bias; any sizes (no tile divisibility assumed). Kernel: csrc/gemm_clamp_lse_mish.cu.
+"""
+
+import math
+
+import torch
+
+from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
+from autofuse.errors import InputError
+from autofuse.hookspecs import hookimpl
+
+_PTR6 = ("ptr",) * 6
+
+
+def clamp_lse_scalars(model) -> tuple[float, float, float]:
+    """(t, lo, hi) = (2·scale_factor, clamp_min, clamp_max) as floats; a None bound is unbounded."""
+    lo, hi = model.clamp_min, model.clamp_max
+    if lo is None and hi is None:  # torch.clamp refuses this too
+        raise InputError("clamp_min and clamp_max: expected at least one float, got None for both")
+    lo = -math.inf if lo is None else float(lo)
+    hi = math.inf if hi is None else float(hi)
+    return 2.0 * float(model.scale_factor), lo, hi
+
+
+class GemmClampLseMish(GemmKernelVariant):
+    problem = "matmul_clamp_lse_mish"
+    source = "csrc/gemm_clamp_lse_mish.cu"
+    launchers = {"af_gemm_clamp_lse_mish": _PTR6 + ("float", "float", "float", "int", "int", "int")}
+
+    def forward(self, model, x):
+        lin = model.matmul
+        n_out, n_in = lin.weight.shape
+        x = input_operand(x, n_in)
+        w = operand(lin.weight, "matmul.weight", (n_out, n_in), x.device)
+        b = operand(lin.bias, "matmul.bias", (n_out,), x.device)
+        t, lo, hi = clamp_lse_scalars(model)
+        if not hasattr(self, "_lib"):
+            self.build(str(x.device))
+        batch = x.shape[0]
+        parts = self._lib.af_parts(n_out)  # blocks along N in this build: a plain int query
+        out = torch.empty(batch, 1, device=x.device)
+        part_max = torch.empty(batch, parts, device=x.device)
+        part_sum = torch.empty(batch, parts, device=x.device)
+        args = (x, w, b, out, part_max, part_sum, t, lo, hi, batch, n_out, n_in)
+        self.launch("af_gemm_clamp_lse_mish", *args, device=x.device)
+        return out
+
+
+class CudaNaiveClampLseMish(GemmClampLseMish):
+    name = "cuda_naive"
+    kind = "cuda_naive"
+    description = "one thread per logit (dot product from global memory) + clamp + row partials; lse·mish finish"
+
+
+class CudaTiledClampLseMish(GemmClampLseMish):
+    name = "cuda_tiled"
+    kind = "cuda_tiled"
+    description = "shared-memory tiled GEMM (16 or 32 square tiles), clamp + row partials fused; lse·mish finish"
+
+
+class CudaTemplatedClampLseMish(GemmClampLseMish):
+    name = "cuda_templated"
+    kind = "cuda_templated"
+    description = "register-blocked GEMM (tiles, vector width, stages searched), clamp + row partials fused"
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [CudaNaiveClampLseMish, CudaTiledClampLseMish, CudaTemplatedClampLseMish]

@@ -57,6 +57,9 @@ class CudaVariant(Variant):
     def kernel_build(self, device) -> builder.KernelBuild:
         return builder.KernelBuild.create(self.source_path(), self.defines(), arch=builder.cuda_arch(device))
 
+    def kernel_builds(self, device: str) -> list[builder.KernelBuild]:
+        return [self.kernel_build(device)]
+
     def build(self, device: str) -> None:
         self._lib = builder.load_library(builder.build(self.kernel_build(device)))
         for name, kinds in self.launchers.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 import torch
 
 from autofuse import registry, study as studies
+from autofuse.build import build_many
 from autofuse.errors import InputError, TableError
 from autofuse.evaluate import BASELINE
 from autofuse.outcome import Outcome, TrialResult
@@ -29,6 +31,8 @@ from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fing
 from autofuse.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
+# Trials asked at once: their kernels compile in parallel (one nvcc per core, at most 8).
+ASK_BATCH = max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclasses.dataclass
@@ -142,7 +146,11 @@ def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
 
 
 def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
-    """Run trials until ``total`` are finished (counting earlier sessions') or ``timeout`` passes."""
+    """Run trials until ``total`` are finished (counting earlier sessions') or ``timeout`` passes.
+
+    Trials are asked in batches (TPE's constant liar keeps a batch diverse); the batch's kernels
+    compile in parallel on the host while the GPU measures candidates one at a time.
+    """
     results = {}  # (variant, config label) -> TrialResult, earlier sessions' included
     for trial in studies.finished(study):
         if "outcome" in trial.user_attrs:
@@ -152,20 +160,37 @@ def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress,
     with TrialProgress(total, done, label, enabled=progress) as bar:
         bar.update_best(results)
         while done < total and (deadline is None or time.monotonic() < deadline):
-            trial = study.ask()
-            name, config = studies.suggest(trial, spaces)
-            key = (name, studies.config_label(config))
-            if key not in results:  # a repeated suggestion reuses the earlier measurement
-                results[key] = worker.call("evaluate", (job, Candidate(name, config)), trial_timeout)
-            result = results[key]
-            trial.set_user_attr("config", key[1])
-            trial.set_user_attr("outcome", result.outcome.value)
-            trial.set_user_attr("result", result.to_dict())
-            value = result.timing.median_ms if result.outcome is Outcome.OK else studies.FAILED_VALUE_MS
-            study.tell(trial, value)
-            done += 1
-            bar.advance(results)
+            batch = [(trial, *studies.suggest(trial, spaces))
+                     for trial in (study.ask() for _ in range(min(ASK_BATCH, total - done)))]
+            _prebuild([(name, config) for _, name, config in batch if (name, studies.config_label(config)) not in results], job)
+            for trial, name, config in batch:
+                key = (name, studies.config_label(config))
+                if key not in results:  # a repeated suggestion reuses the earlier measurement
+                    results[key] = worker.call("evaluate", (job, Candidate(name, config)), trial_timeout)
+                _tell(study, trial, key, results[key])
+                done += 1
+                bar.advance(results)
     return results
+
+
+def _tell(study, trial, key, result: TrialResult) -> None:
+    trial.set_user_attr("config", key[1])
+    trial.set_user_attr("outcome", result.outcome.value)
+    trial.set_user_attr("result", result.to_dict())
+    study.tell(trial, result.timing.median_ms if result.outcome is Outcome.OK else studies.FAILED_VALUE_MS)
+
+
+def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
+    """Compile the candidates' kernels in parallel; a failure is left for the worker to record."""
+    builds = []
+    for name, config in candidates:
+        variant = registry.get_variant(job.problem, name)(job.precision, **config)
+        try:
+            builds.extend(variant.kernel_builds(job.device))
+        except Exception:  # noqa: BLE001 - e.g. no nvcc: the worker records why
+            continue
+    if builds:
+        build_many(builds)
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:

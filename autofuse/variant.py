@@ -95,6 +95,11 @@ class Variant:
         return _source_hash(cls)
 
     # -- running --------------------------------------------------------------
+    def kernel_builds(self, device: str) -> list:
+        """The ``autofuse.build.KernelBuild``s ``build`` will need, so a tuner can compile
+        many candidates in parallel ahead of time (none for pure-PyTorch variants)."""
+        return []
+
     def build(self, device: str) -> None:
         """Compile or load what the variant needs on ``device`` (BuildError on failure)."""
 

@@ -1,0 +1,96 @@
+"""Every kernel source compiles with the local nvcc (-arch=sm_90), and search spaces hold only valid points.
+
+No GPU is needed: CI compiles what the device machine runs. Each CUDA variant builds its default
+configuration at an odd shape; cuda_templated also builds a representative spread of its space.
+"""
+
+import pathlib
+
+import pytest
+
+from autofuse import gemm_space, registry
+from autofuse.build import BuildError, build_many
+from autofuse.cuda_variant import CudaVariant
+
+ROOT = pathlib.Path(__file__).parents[1]
+ODD = (37, 1000, 777)
+
+
+def cuda_variants():
+    return [(p, name, cls) for p in sorted(registry.problems()) for name, cls in sorted(registry.variants(p).items())
+            if issubclass(cls, CudaVariant)]
+
+
+def representative(configs):
+    """The default, and the extremes of each parameter that the space offers."""
+    chosen = [configs[0]]
+    for key in configs[0]:
+        for pick in (min, max):
+            value = pick(c[key] for c in configs)
+            extra = next(c for c in configs if c[key] == value)
+            if extra not in chosen:
+                chosen.append(extra)
+    return chosen
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_ARCH", "sm_90")
+
+
+@pytest.mark.nvcc
+def test_every_cuda_variant_and_a_spread_of_templated_configs_compile(sm90):
+    builds = {}
+    for problem, name, cls in cuda_variants():
+        shape = dict(zip(registry.get_problem(problem).dims, ODD))
+        configs = cls.configs(shape, "cuda")
+        for params in representative(configs) if name == "cuda_templated" else configs[:1]:
+            builds[cls("fp32", **params).kernel_build("cuda")] = f"{problem}/{name} {params}"
+    results = build_many(list(builds))
+    failures = {builds[kb]: str(r)[-1500:] for kb, r in results.items() if isinstance(r, BuildError)}
+    assert not failures, failures
+
+
+def test_every_kernel_source_belongs_to_a_registered_variant():
+    used = {cls.source_path().resolve() for _, _, cls in cuda_variants()}
+    sources = {p.resolve() for p in (ROOT / "variants").glob("*/csrc/*.cu")}
+    assert sources and sources <= used, f"not built by any variant: {sorted(map(str, sources - used))}"
+
+
+def test_every_problem_has_every_cuda_kind():
+    for problem in registry.problems():
+        kinds = {cls.kind for _, cls in registry.variants(problem).items()}
+        assert {"cuda_naive", "cuda_tiled", "cuda_templated", "cublas_epilogue"} <= kinds, problem
+
+
+def test_the_blocked_gemm_space_lists_only_valid_points():
+    configs = gemm_space.blocked_gemm_configs()
+    assert configs[0] == gemm_space.DEFAULT and len(configs) == len({tuple(c.items()) for c in configs})
+    for c in configs:
+        assert gemm_space.invalid_reason(c) is None
+        threads = (c["bm"] // c["tm"]) * (c["bn"] // c["tn"])
+        assert threads % 32 == 0 and 64 <= threads <= 1024
+        assert c["stages"] * (c["bm"] + c["bn"]) * c["bk"] * 4 <= 48 * 1024
+        assert (c["bm"] * c["bk"]) % (c["vec"] * threads) == 0
+
+
+@pytest.mark.parametrize("config,why", [
+    (dict(gemm_space.DEFAULT, tn=4, bn=256), "power of two <= 32"),       # 64 threads share a row
+    (dict(gemm_space.DEFAULT, bm=32, bn=32, tm=8, tn=8), "threads per block"),  # 16 threads
+    (dict(gemm_space.DEFAULT, bm=256, bn=256, bk=32), "shared memory"),
+    (dict(gemm_space.DEFAULT, bm=64, bn=32, bk=8, tm=4, tn=4, vec=4), "split into"),  # 128 threads, 64x8 slice
+])
+def test_invalid_gemm_configs_say_why(config, why):
+    assert why in (gemm_space.invalid_reason(config) or "")
+
+
+def test_single_pass_configs_fit_the_row():
+    single_pass = registry.get_variant("gemm_avgpool_gelu_residual", "single_pass")
+    for n_in in (1, 37, 1000, 8192, 8191):
+        shape = {"batch_size": 3, "in_features": n_in, "out_features": 5}
+        configs = single_pass.configs(shape, "cuda")
+        assert configs, n_in
+        for c in configs:
+            capacity = c["block"] * c["vec"] * c["items"]
+            assert capacity >= n_in and (c["vec"] == 1 or n_in % 4 == 0), (n_in, c)
+    assert single_pass.configs({"batch_size": 1, "in_features": 1 << 20, "out_features": 1}, "cuda") == []

@@ -31,6 +31,8 @@ from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fing
 from autofuse.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
+# Suggestions asked per distinct candidate before the search stops looking for new ones.
+MAX_ASKS_PER_TRIAL = 5
 # Trials asked at once: their kernels compile in parallel (one nvcc per core, at most 8).
 ASK_BATCH = max(1, min(8, os.cpu_count() or 1))
 
@@ -146,30 +148,34 @@ def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
 
 
 def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
-    """Run trials until ``total`` are finished (counting earlier sessions') or ``timeout`` passes.
+    """Measure candidates until ``total`` distinct ones are measured (earlier sessions' included),
+    the space is exhausted or ``timeout`` passes.
 
     Trials are asked in batches (TPE's constant liar keeps a batch diverse); the batch's kernels
-    compile in parallel on the host while the GPU measures candidates one at a time.
+    compile in parallel on the host while the GPU measures candidates one at a time. A repeated
+    suggestion is told its earlier result and does not count: on small categorical spaces TPE
+    repeats itself often, and a trial budget spent on repeats measures nothing.
     """
     results = {}  # (variant, config label) -> TrialResult, earlier sessions' included
     for trial in studies.finished(study):
         if "outcome" in trial.user_attrs:
             results[(trial.params["variant"], trial.user_attrs["config"])] = TrialResult.from_dict(trial.user_attrs["result"])
-    done = len(studies.finished(study))
+    total = min(total, sum(len(c) for c in spaces.values()))
+    asks_left = MAX_ASKS_PER_TRIAL * total
     deadline = None if timeout is None else time.monotonic() + timeout
-    with TrialProgress(total, done, label, enabled=progress) as bar:
+    with TrialProgress(total, min(len(results), total), label, enabled=progress) as bar:
         bar.update_best(results)
-        while done < total and (deadline is None or time.monotonic() < deadline):
-            batch = [(trial, *studies.suggest(trial, spaces))
-                     for trial in (study.ask() for _ in range(min(ASK_BATCH, total - done)))]
+        while len(results) < total and asks_left > 0 and (deadline is None or time.monotonic() < deadline):
+            size = min(ASK_BATCH, total - len(results))
+            asks_left -= size
+            batch = [(trial, *studies.suggest(trial, spaces)) for trial in (study.ask() for _ in range(size))]
             _prebuild([(name, config) for _, name, config in batch if (name, studies.config_label(config)) not in results], job)
             for trial, name, config in batch:
                 key = (name, studies.config_label(config))
-                if key not in results:  # a repeated suggestion reuses the earlier measurement
+                if key not in results:
                     results[key] = worker.call("evaluate", (job, Candidate(name, config)), trial_timeout)
+                    bar.advance(results)
                 _tell(study, trial, key, results[key])
-                done += 1
-                bar.advance(results)
     return results
 
 

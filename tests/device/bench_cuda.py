@@ -38,10 +38,11 @@ def main():
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--sweep", type=int, default=0, help="extra random cuda_templated configurations")
     ap.add_argument("--mode", default="train")
+    ap.add_argument("--shape-index", type=int, default=-1, help="which default shape (default: the last)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     prob = registry.get_problem(args.problem)
-    shape = dict(prob.default_shapes[-1])
+    shape = dict(prob.default_shapes[args.shape_index])
     model, x = build_case(prob, CheckCase(shape, "rand", 0, False), "cuda", torch.float32, args.mode)
     lin = prob.linear_of(model)
     calls, meta = {}, {}
@@ -98,7 +99,7 @@ def main():
             import tempfile
             compile_s = cold_compile_seconds(cls, cls.configs(shape, "cuda")[0], tempfile.mkdtemp())
             print(f"cold compile of one {name} configuration: {compile_s:.2f} s")
-    with open(f"{args.out}/bench_{prob.name}_{args.precision}_{args.mode}.json", "w") as f:
+    with open(f"{args.out}/bench_{prob.name}_{args.shape_index}_{args.precision}_{args.mode}.json", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": shape,
                    "precision": args.precision, "mode": args.mode, "rows": rows, "cold_compile_s": compile_s}, f, indent=1)
 

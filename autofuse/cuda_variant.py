@@ -67,10 +67,16 @@ class CudaVariant(Variant):
             fn.argtypes = [_ARG_TYPES[k] for k in kinds] + [ctypes.c_void_p]
             fn.restype = ctypes.c_int
 
-    def launch(self, name: str, *args, device: torch.device) -> None:
-        """Call launcher ``name`` on ``device``'s current stream and check its status."""
+    def library(self, device: torch.device):
+        """The loaded library (built on first use), for launches and plain int queries such as
+        ``af_parts(N)``: how many partial results this configuration's tiling produces."""
         if not hasattr(self, "_lib"):
             self.build(str(device))
+        return self._lib
+
+    def launch(self, name: str, *args, device: torch.device) -> None:
+        """Call launcher ``name`` on ``device``'s current stream and check its status."""
+        self.library(device)
         converted = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         with torch.cuda.device(device):
             status = getattr(self._lib, name)(*converted, builder.stream_handle(device))
@@ -97,6 +103,15 @@ def input_operand(x: torch.Tensor, in_features: int) -> torch.Tensor:
     if x.device.type != "cuda":
         raise InputError(f"expected a CUDA input, got one on {x.device}")
     return operand(x, "input", (x.shape[0], in_features), x.device)
+
+
+def linear_operands(x: torch.Tensor, linear, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, weight, bias) of ``x @ linear.weight.T + linear.bias`` checked and contiguous;
+    ``name`` is the Linear's attribute in the model, for messages."""
+    n_out, n_in = linear.weight.shape
+    x = input_operand(x, n_in)
+    weight = operand(linear.weight, f"{name}.weight", (n_out, n_in), x.device)
+    return x, weight, operand(linear.bias, f"{name}.bias", (n_out,), x.device)
 
 
 class GemmKernelVariant(CudaVariant):

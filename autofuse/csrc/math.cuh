@@ -65,3 +65,16 @@ __device__ __forceinline__ void af_lse_reduce_block(float& m, float& s) {
     af_lse_reduce_row<32>(m, s);
     __syncthreads();  // the shared slots may be reused by the caller's next reduction
 }
+
+// Chan et al.'s parallel update of (count, mean, M2) variance partials: merge (nb, mean_b, m2_b)
+// into (n, mean, m2). Stable where Σv² − (Σv)²/n cancels catastrophically. An empty partial
+// (nb == 0) changes nothing; merging into an empty one copies it.
+__device__ __forceinline__ void af_chan_merge(float& n, float& mean, float& m2, float nb, float mean_b, float m2_b) {
+    if (nb == 0.f) return;
+    const float total = n + nb;
+    const float delta = mean_b - mean;
+    const float fb = nb / total;
+    mean = fmaf(delta, fb, mean);
+    m2 = m2 + m2_b + delta * delta * n * fb;  // δ²·n·nb/(n + nb)
+    n = total;
+}

@@ -28,7 +28,7 @@ from autofuse.cuda_variant import CudaVariant, input_operand, operand
 from autofuse.hookspecs import hookimpl
 from autofuse.variant import FoldCache
 
-from .simplified import SimplifiedGemmAvgPoolGeluResidual
+from .simplified import fold_column_mean
 
 _PROBLEM = "gemm_avgpool_gelu_residual"
 
@@ -59,7 +59,7 @@ class FoldedRowsVariant(CudaVariant):
         if gemm.bias is not None:
             operand(gemm.bias, "gemm.bias", (n_out,), device)
         operand(subtract, "subtract", (n_out,), device)
-        w_mean, offset = SimplifiedGemmAvgPoolGeluResidual._fold(gemm, subtract, torch.float32)
+        w_mean, offset = fold_column_mean(gemm, subtract, torch.float32)
         return w_mean.contiguous(), offset.reshape(()).contiguous()
 
     def forward(self, model, x):

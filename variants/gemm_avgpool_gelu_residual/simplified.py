@@ -31,17 +31,19 @@ class SimplifiedGemmAvgPoolGeluResidual(Variant):
         gemm, subtract = model.gemm, model.subtract
         tensors = [t for t in (gemm.weight, gemm.bias, subtract) if t is not None]
         acc = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 inputs
-        w_mean, offset = self._folded.get(tensors, lambda: self._fold(gemm, subtract, acc), extra=(acc,))
+        w_mean, offset = self._folded.get(tensors, lambda: fold_column_mean(gemm, subtract, acc), extra=(acc,))
         z = torch.addmv(offset, x.to(acc), w_mean)
         return x.detach() + F.gelu(z).to(x.dtype)[:, None]
 
-    @staticmethod
-    def _fold(gemm, subtract, acc):
-        w_mean = gemm.weight.to(acc).mean(dim=0)
-        offset = -subtract.to(acc).mean()
-        if gemm.bias is not None:
-            offset = offset + gemm.bias.to(acc).mean()
-        return w_mean, offset
+
+def fold_column_mean(gemm, subtract, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w̄, c) = (mean(W, 0), mean(b) − mean(subtract)) in dtype ``acc``: the whole GEMM's
+    contribution to the row mean. Shared with the CUDA variants, which take the same algebra."""
+    w_mean = gemm.weight.to(acc).mean(dim=0)
+    offset = -subtract.to(acc).mean()
+    if gemm.bias is not None:
+        offset = offset + gemm.bias.to(acc).mean()
+    return w_mean, offset
 
 
 @hookimpl

@@ -69,9 +69,8 @@ class CublasEpilogueGemmBn(CudaVariant):
     def _train(self, model, x, w):
         ops = TrainOperands.of(model, x)
         batch, n_out = x.shape[0], w.shape[0]
-        if not hasattr(self, "_lib"):
-            self.build(str(x.device))
-        chunks, strips = self._lib.af_bn_chunks(batch), self._lib.af_bn_strips(n_out)
+        lib = self.library(x.device)
+        chunks, strips = lib.af_bn_chunks(batch), lib.af_bn_strips(n_out)
         z = linear(x, w, None, self.precision).contiguous()
         part_count, part_mean, part_m2 = torch.empty(3, chunks, n_out, device=x.device)
         col_mean, col_coef = torch.empty(2, n_out, device=x.device)

@@ -135,9 +135,7 @@ class GemmBn(GemmKernelVariant):
     def _train(self, model, x, w):
         ops = TrainOperands.of(model, x)
         (batch, n_in), n_out = x.shape, w.shape[0]
-        if not hasattr(self, "_lib"):
-            self.build(str(x.device))
-        row_blocks = self._lib.af_row_blocks(batch)  # blocks along M in this build: a plain int query
+        row_blocks = self.library(x.device).af_row_blocks(batch)  # blocks along M in this build: a plain int query
         out = torch.empty(batch, n_out, device=x.device)
         part_count, part_mean, part_m2 = torch.empty(3, row_blocks, n_out, device=x.device)
         col_mean, col_coef = torch.empty(2, n_out, device=x.device)

@@ -11,7 +11,7 @@ GEMM's plus one read of the (batch × out) logits. Kernel: csrc/clamp_lse_mish_r
 
 import torch
 
-from autofuse.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.cuda_variant import CudaVariant, linear_operands
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear
 
@@ -33,9 +33,7 @@ class CublasEpilogueClampLseMish(CudaVariant):
     def forward(self, model, x):
         lin = model.matmul
         n_out, n_in = lin.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(lin.weight, "matmul.weight", (n_out, n_in), x.device)
-        b = operand(lin.bias, "matmul.bias", (n_out,), x.device)
+        x, w, b = linear_operands(x, lin, "matmul")
         t, lo, hi = clamp_lse_scalars(model)
         y = linear(x, w, b, self.precision).contiguous()
         out = torch.empty(x.shape[0], 1, device=x.device)

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
+from autofuse.cuda_variant import GemmKernelVariant, linear_operands
 from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
 
@@ -40,14 +40,10 @@ class GemmClampLseMish(GemmKernelVariant):
     def forward(self, model, x):
         lin = model.matmul
         n_out, n_in = lin.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(lin.weight, "matmul.weight", (n_out, n_in), x.device)
-        b = operand(lin.bias, "matmul.bias", (n_out,), x.device)
+        x, w, b = linear_operands(x, lin, "matmul")
         t, lo, hi = clamp_lse_scalars(model)
-        if not hasattr(self, "_lib"):
-            self.build(str(x.device))
         batch = x.shape[0]
-        parts = self._lib.af_parts(n_out)  # blocks along N in this build: a plain int query
+        parts = self.library(x.device).af_parts(n_out)
         out = torch.empty(batch, 1, device=x.device)
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty(batch, parts, device=x.device)

@@ -8,7 +8,7 @@ So the time is the GEMM's plus one pass over the (batch × out) logits.
 Kernel: csrc/gelu_softmax_rows.cu.
 """
 
-from autofuse.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.cuda_variant import CudaVariant, linear_operands
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear
 
@@ -28,9 +28,7 @@ class CublasEpilogueGeluSoftmax(CudaVariant):
     def forward(self, model, x):
         lin = model.linear
         n_out, n_in = lin.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(lin.weight, "linear.weight", (n_out, n_in), x.device)
-        b = operand(lin.bias, "linear.bias", (n_out,), x.device)
+        x, w, b = linear_operands(x, lin, "linear")
         y = linear(x, w, b, self.precision).contiguous()
         self.launch("af_gelu_softmax_rows", y, y, x.shape[0], n_out, device=x.device)
         return y

@@ -10,7 +10,7 @@ contiguous); any sizes (no tile divisibility assumed). Kernel: csrc/gemm_gelu_so
 
 import torch
 
-from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
+from autofuse.cuda_variant import GemmKernelVariant, linear_operands
 from autofuse.hookspecs import hookimpl
 
 _PTR6 = ("ptr",) * 6
@@ -24,11 +24,9 @@ class GemmGeluSoftmax(GemmKernelVariant):
     def forward(self, model, x):
         lin = model.linear
         n_out, n_in = lin.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(lin.weight, "linear.weight", (n_out, n_in), x.device)
-        b = operand(lin.bias, "linear.bias", (n_out,), x.device)
+        x, w, b = linear_operands(x, lin, "linear")
         batch = x.shape[0]
-        parts = self._lib.af_parts(n_out)  # blocks along N in this build: a plain int query
+        parts = self.library(x.device).af_parts(n_out)
         y = torch.empty(batch, n_out, device=x.device)
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty(batch, parts, device=x.device)

@@ -8,7 +8,7 @@
 //   writes μ_z and coef and updates the running statistics as nn.BatchNorm1d does. Never
 //   E[z²] − E[z]²: Welford and Chan's merge keep the variance stable at any mean.
 // bn_normalize: z ← (z − μ_z)·coef + β in place, same coalesced layout.
-#include "autofuse.cuh"
+#include "math.cuh"
 
 #ifndef AF_BLOCK
 #define AF_BLOCK 256
@@ -25,17 +25,6 @@ constexpr int MAX_CHUNKS = 64, MIN_CHUNK_ROWS = 256;
 constexpr int NORM_ROWS = 8 * LANES;
 
 inline int stat_chunks(int M) { return max(1, min(af_ceil_div(M, MIN_CHUNK_ROWS), MAX_CHUNKS)); }
-
-// Chan et al.'s parallel update: merge the partial (nb, mean_b, m2_b) into (n, mean, m2).
-__device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float mean_b, float m2_b) {
-    if (nb == 0.f) return;
-    const float total = n + nb;
-    const float delta = mean_b - mean;
-    const float fb = nb / total;
-    mean = fmaf(delta, fb, mean);
-    m2 = m2 + m2_b + delta * delta * n * fb;  // δ²·n·nb/(n + nb)
-    n = total;
-}
 
 // Welford's update with one value.
 __device__ __forceinline__ void welford(float& n, float& mean, float& m2, float v) {
@@ -57,7 +46,7 @@ struct LaneMerge {
         __syncthreads();
         if (ly == 0) {
 #pragma unroll
-            for (int l = 1; l < LANES; ++l) chan_merge(cn, cmean, cm2, n[l][cx], mean[l][cx], m2[l][cx]);
+            for (int l = 1; l < LANES; ++l) af_chan_merge(cn, cmean, cm2, n[l][cx], mean[l][cx], m2[l][cx]);
         }
         __syncthreads();
     }
@@ -127,7 +116,7 @@ column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* p
     if (col < N) {
         for (int p = ly; p < (int)gridDim.y; p += LANES) {
             const size_t at = (size_t)p * N + col;  // __ldcg: from L2, never a stale L1 line
-            chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
+            af_chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
         }
     }
     merge.run(n, mean, m2, cx, ly);

@@ -11,18 +11,6 @@
 // Eval: the epilogue applies out = z·k + shift per column (k, shift folded by the caller).
 #include "gemm.cuh"
 
-// Chan et al.'s parallel update: merge the partial (nb, mean_b, m2_b) into (n, mean, m2).
-// An empty partial (nb == 0) changes nothing; merging into an empty one copies it.
-__device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float mean_b, float m2_b) {
-    if (nb == 0.f) return;
-    const float total = n + nb;
-    const float delta = mean_b - mean;
-    const float fb = nb / total;
-    mean = fmaf(delta, fb, mean);
-    m2 = m2 + m2_b + delta * delta * n * fb;  // δ²·n·nb/(n + nb)
-    n = total;
-}
-
 // --- training: GEMM epilogue ---------------------------------------------------------------
 struct BnTrainEpilogue {
     float* z;           // [M][N]: z = x·Wᵀ, normalised in place later
@@ -126,7 +114,7 @@ bn_finalize(const float* __restrict__ part_count, const float* __restrict__ part
     if (col < N) {
         for (int p = ly; p < parts; p += FIN_LANES) {
             const size_t at = (size_t)p * N + col;
-            chan_merge(n, mean, m2, part_count[at], part_mean[at], part_m2[at]);
+            af_chan_merge(n, mean, m2, part_count[at], part_mean[at], part_m2[at]);
         }
     }
     sn[ly][cx] = n;
@@ -135,7 +123,7 @@ bn_finalize(const float* __restrict__ part_count, const float* __restrict__ part
     __syncthreads();
     if (ly != 0 || col >= N) return;
 #pragma unroll
-    for (int l = 1; l < FIN_LANES; ++l) chan_merge(n, mean, m2, sn[l][cx], sm[l][cx], sq[l][cx]);
+    for (int l = 1; l < FIN_LANES; ++l) af_chan_merge(n, mean, m2, sn[l][cx], sm[l][cx], sq[l][cx]);
     bn_column_finish(col, n, mean, m2, bias, scale, gamma, running_mean, running_var, col_mean, col_coef, eps, factor);
 }
 

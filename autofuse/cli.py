@@ -51,6 +51,20 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
+    bench = commands.add_parser("bench", help="measure eager, torch.compile, every variant, the dispatch and the floor side by side")
+    bench.add_argument("problem", nargs="?", help="problem name or alias (or --all)")
+    bench.add_argument("--all", action="store_true", help="every problem at its default shapes (both modes where they differ)")
+    bench.add_argument("--shape", type=_shape_arg, help="default: every default shape")
+    bench.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
+    bench.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    bench.add_argument("--mode", choices=["train", "eval"], help="for gemm_bn (default: train; --all does both)")
+    bench.add_argument("--table", help="dispatch table to read tuned configurations from")
+    bench.add_argument("--rounds", type=int, default=20, help="interleaved rounds (3 timed calls each)")
+    bench.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles for minutes)")
+    bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
+    bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
+    bench.set_defaults(run=_bench)
+
     show = commands.add_parser("show", help="print the dispatch table")
     show.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
     show.set_defaults(run=_show)
@@ -122,6 +136,45 @@ def _print_result(result) -> None:
 
 def _params(params: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def _bench(args) -> None:
+    import pathlib
+
+    from autofuse.bench import bench, markdown, save
+    from autofuse.listing import list_problems
+    from autofuse.registry import get_problem
+
+    if args.all == bool(args.problem):
+        raise AutofuseError("name one problem, or pass --all")
+    jobs = []
+    for name in [p["name"] for p in list_problems()] if args.all else [args.problem]:
+        modes = [args.mode] if args.mode or not get_problem(name).mode_sensitive else (["train", "eval"] if args.all else ["train"])
+        jobs += [(name, mode) for mode in modes]
+    reports = []
+    for name, mode in jobs:
+        for report in bench(name, args.shape, device=args.device, precision=args.precision, mode=mode,
+                            table=args.table, rounds=args.rounds, use_compile=not args.no_compile):
+            _print_bench(report)
+            reports.append(report)
+    charts = save(reports, args.out)
+    if args.markdown:
+        target = pathlib.Path(args.markdown)
+        command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
+        target.write_text(markdown(reports, command, charts, target.parent))
+        print(f"wrote {target}")
+
+
+def _print_bench(report) -> None:
+    from autofuse.table import shape_key
+
+    print(f"\n{report.problem} {shape_key(report.shape)} {report.precision} {report.mode} on {report.device.get('name')}")
+    rows = []
+    for row in report.rows:
+        t, speed, floor = row.timing, report.ratio(row, "eager"), report.ratio(row, "floor")
+        rows.append([row.candidate, _params(row.params), f"{t.median_ms:.4f}" if t else "", f"{t.p20_ms:.4f}-{t.p80_ms:.4f}" if t else "",
+                     f"{speed:.2f}x" if speed else "", f"{floor:.2f}" if floor else "", row.note[:70]])
+    print(tabulate(rows, headers=["candidate", "params", "median ms", "p20-p80", "vs eager", "x floor", "note"]))
 
 
 def _show(args) -> None:

@@ -65,6 +65,10 @@ class Problem:
     # is then part of the dispatch key.
     mode_sensitive: bool = False
     min_train_batch: int = 1
+    # What no implementation can beat: "gemm" (cuBLAS's GEMM alone at the same precision) or
+    # "memory" (moving memory_floor_bytes at the measured copy bandwidth), where the algebra
+    # removes the GEMM.
+    floor: str = "gemm"
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -72,6 +76,8 @@ class Problem:
         missing = set(PRECISIONS) - set(self.tolerances)
         if missing:
             raise ValueError(f"problem {self.name!r} needs a tolerance for every precision, missing {sorted(missing)}")
+        if self.floor not in ("gemm", "memory"):
+            raise ValueError(f"problem {self.name!r}: floor must be 'gemm' or 'memory', got {self.floor!r}")
         if not self.default_shapes:
             raise ValueError(f"problem {self.name!r} needs at least one default shape")
         for shape in self.default_shapes:
@@ -184,6 +190,11 @@ class Problem:
         with torch.no_grad():
             out = ref_model(x.detach().to(torch.float64))
         return out, ref_model
+
+    def memory_floor_bytes(self, shape: Mapping[str, int]) -> int:
+        """Bytes any implementation must move: read the input, write the output (float32)."""
+        batch, n_in, n_out = (shape[d] for d in self.dims)
+        return 4 * (batch * n_in + batch * n_out)
 
     def gradients_well_conditioned(self, shape: Mapping[str, int], mode: str) -> bool:
         """False where the exact gradient is pure rounding noise, so no float32 method can match it."""

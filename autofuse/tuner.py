@@ -233,6 +233,12 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
     for entry, grad in ((winner, False), (grad_winner, True)):
         if entry is not None:
             entry.update(stamp, source_hash=variants[entry["variant"]].source_hash())
+    if winner is not None:  # every variant's best, so `autofuse bench` can measure them all again
+        winner["candidates"] = {
+            row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
+                          "median_ms": row.timing.median_ms if row.ok else None}
+            for row in rows
+        }
     return winner, grad_winner
 
 

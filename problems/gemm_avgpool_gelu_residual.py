@@ -46,6 +46,10 @@ class GemmAvgPoolGeluResidual(Problem):
             shift = 6.0 * torch.rand((), generator=generator, dtype=torch.float64) - 3.0
         model.subtract.add_(shift.to(model.subtract.dtype))
 
+    def memory_floor_bytes(self, shape):
+        # The output has the input's shape: read x once, write it once.
+        return 2 * 4 * shape["batch_size"] * shape["in_features"]
+
 
 PROBLEM = GemmAvgPoolGeluResidual(
     name="gemm_avgpool_gelu_residual",
@@ -60,6 +64,7 @@ PROBLEM = GemmAvgPoolGeluResidual(
     },
     linear_attr="gemm",
     aliases=("kb2-51", "51_Gemm_Subtract_GlobalAvgPool_LogSumExp_GELU_ResidualAdd"),
+    floor="memory",
 )
 
 

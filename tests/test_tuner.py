@@ -128,3 +128,23 @@ def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_pa
     monkeypatch.setattr(worker_module.Worker, "_start", no_worker)
     [again] = autofuse.tune("matmul_gelu_softmax", SMALL, **kwargs)
     assert again.winner == first.winner and again.grad_winner == first.grad_winner
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_an_illegal_memory_access_is_recorded_and_the_tune_goes_on_in_a_fresh_worker(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(PLUGIN_DIR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", "broken_cuda")
+    plugins.reset_plugin_manager()
+    try:
+        [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cuda", table=tmp_path / "t.json", seed=1,
+                                 variants=["illegal_access", "eager", "cuda_tiled"], autograd_entry=False,
+                                 trial_timeout=120, progress=False)
+    finally:
+        plugins.reset_plugin_manager()
+    outcomes = _outcomes(result)
+    assert outcomes["illegal_access"] is Outcome.RUNTIME_FAILED, outcomes
+    assert "illegal memory access" in next(r.result.reason for r in result.rows if r.variant == "illegal_access")
+    assert outcomes["eager"] is Outcome.OK and outcomes["cuda_tiled"] is Outcome.OK
+    assert result.winner is not None

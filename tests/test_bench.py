@@ -1,0 +1,48 @@
+"""`autofuse bench` on CPU: every candidate measured side by side, ratios, JSON and Markdown."""
+
+import json
+
+import pytest
+
+import autofuse
+from autofuse.bench import FLOOR, bench, markdown, save
+from autofuse.cli import main
+
+SMALL = {"batch_size": 12, "in_features": 48, "out_features": 40}
+
+
+def test_bench_measures_baselines_variants_dispatch_and_floor(tmp_path):
+    table = tmp_path / "t.json"
+    autofuse.tune("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=table, seed=0, progress=False)
+    [report] = bench("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=table, use_compile=False, rounds=4)
+    roles = {row.candidate: row.role for row in report.rows}
+    assert roles == {"eager": "baseline", "simplified": "variant", "autofuse dispatch": "dispatch", FLOOR: "floor"}
+    assert all(row.timing is not None and row.timing.reps == 12 for row in report.rows)
+    assert report.row("simplified").note == "tuned"
+    assert "(tuned)" in report.row("autofuse dispatch").note
+    assert report.ratio(report.row("eager"), "eager") == 1.0
+    assert report.ratio(report.row(FLOOR), FLOOR) == 1.0
+    charts = save([report], tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "gemm_avgpool_gelu_residual-12-fp32-any.json").read_text())
+    assert {r["candidate"] for r in data["rows"]} == set(roles)
+    text = markdown([report], "autofuse bench x", charts, tmp_path)
+    assert "| simplified | - |" in text and "CPU cores" in text
+
+
+def test_an_incorrect_variant_is_reported_not_timed(tmp_path, monkeypatch):
+    from autofuse import registry
+
+    simplified = registry.get_variant("matmul_gelu_softmax", "simplified")
+    monkeypatch.setattr(simplified, "forward", lambda self, model, x: model.linear(x) * 0)
+    [report] = bench("matmul_gelu_softmax", SMALL, device="cpu", table=tmp_path / "t.json", use_compile=False, rounds=2)
+    row = report.row("simplified")
+    assert row.timing is None and row.note.startswith("incorrect:")
+
+
+def test_cli_bench_writes_json_and_markdown(tmp_path, capsys):
+    out, md = tmp_path / "out", tmp_path / "BENCH.md"
+    assert main(["bench", "kb2-99", "--shape", "batch_size=4,in_features=16,out_features=8", "--device", "cpu",
+                 "--no-compile", "--rounds", "2", "--out", str(out), "--markdown", str(md)]) == 0
+    assert "x floor" in capsys.readouterr().out
+    assert list(out.glob("*.json")) and "## matmul_gelu_softmax" in md.read_text()
+    assert main(["bench"]) == 2 and "--all" in capsys.readouterr().err

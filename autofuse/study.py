@@ -1,8 +1,11 @@
 """The Optuna side of tuning: one persistent study per (device, problem, shape, key, search space).
 
-The variant is a categorical choice and each variant's configuration a categorical
-conditional on it (only valid configurations are listed, so no trial is spent on an
-impossible one). Every applicable variant's default configuration is enqueued first.
+The variant is a categorical choice, and each of its parameters (tile sizes, threads, vector
+width...) a categorical of its own conditional on it, so TPE can learn which values of which
+parameter pay off (one categorical over a 430-point space is no better than random search).
+A suggested combination that is not a valid configuration is projected onto the nearest valid
+one (fewest steps along each parameter's sorted values), so no trial is spent on an impossible
+configuration. Every applicable variant's default configuration is enqueued first.
 Studies live in a journal file under ``$AUTOFUSE_HOME`` (safe for concurrent processes),
 so an interrupted tune resumes where it stopped.
 """
@@ -13,6 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
+import warnings
 
 import optuna
 
@@ -21,6 +25,10 @@ from autofuse.variant import Variant
 # Failed candidates are told to Optuna as this many milliseconds, so TPE learns to avoid
 # them (a FAIL state would be ignored and the same broken configuration drawn again).
 FAILED_VALUE_MS = 1e9
+# Part of every study name: studies suggested another way are not resumed by this code.
+SUGGEST_SCHEME = "per-parameter-v2"
+# Random trials before TPE models the space (after the enqueued defaults).
+STARTUP_TRIALS = 10
 
 
 def studies_path() -> pathlib.Path:
@@ -35,7 +43,7 @@ def config_label(config: dict) -> str:
 
 def space_hash(variants: dict[str, type[Variant]], spaces: dict[str, list[dict]]) -> str:
     """Changes when the searched variants, their sources or their spaces change: old results then don't apply."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(SUGGEST_SCHEME.encode())
     for name in sorted(spaces):
         digest.update(name.encode())
         digest.update(variants[name].source_hash().encode())
@@ -48,7 +56,13 @@ def open_study(name: str, seed: int, storage: str | None = None) -> optuna.Study
     if storage is None:
         backend = optuna.storages.journal.JournalFileBackend(str(studies_path()))
         storage = optuna.storages.JournalStorage(backend)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+    # multivariate + group: the parameters of one variant are modelled jointly, and only with
+    # the trials that chose that variant. constant_liar: a batch asked at once (compiled in
+    # parallel) is spread out instead of suggesting one point several times.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS, multivariate=True,
+                                             group=True, constant_liar=True)
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                direction="minimize", load_if_exists=True)
 
@@ -58,15 +72,42 @@ def enqueue_defaults(study: optuna.Study, spaces: dict[str, list[dict]]) -> None
     if study.trials:
         return
     for name, configs in spaces.items():
-        study.enqueue_trial({"variant": name, f"{name}.config": config_label(configs[0])})
+        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in configs[0].items()}})
 
 
 def suggest(trial: optuna.Trial, spaces: dict[str, list[dict]]) -> tuple[str, dict]:
-    """The variant and configuration this trial evaluates."""
+    """The variant and configuration this trial evaluates (always one of ``spaces[variant]``)."""
     name = trial.suggest_categorical("variant", sorted(spaces))
-    configs = {config_label(c): c for c in spaces[name]}
-    label = trial.suggest_categorical(f"{name}.config", list(configs))
-    return name, configs[label]
+    configs = spaces[name]
+    axes = parameter_axes(configs)
+    wanted = {p: trial.suggest_categorical(f"{name}.{p}", values) for p, values in axes.items()}
+    return name, nearest_config(configs, axes, wanted)
+
+
+def parameter_axes(configs: list[dict]) -> dict[str, list]:
+    """Each parameter's distinct values across the valid configurations, in sorted order."""
+    axes: dict[str, set] = {}
+    for config in configs:
+        for param, value in config.items():
+            axes.setdefault(param, set()).add(value)
+    return {p: sorted(values, key=_order) for p, values in axes.items()}
+
+
+def nearest_config(configs: list[dict], axes: dict[str, list], wanted: dict) -> dict:
+    """The valid configuration fewest steps from ``wanted`` along the axes (the first on a tie,
+    so the default wins ties); ``wanted`` itself when it is valid."""
+    position = {p: {v: i for i, v in enumerate(values)} for p, values in axes.items()}
+
+    def steps(config: dict) -> int:
+        return sum(abs(position[p][config[p]] - position[p][v]) if p in config else len(axes[p])
+                   for p, v in wanted.items())
+    return min(configs, key=steps)
+
+
+def _order(value):
+    """Numbers by value, anything else after them by its text."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (0, value, "") if is_number else (1, 0, str(value))
 
 
 def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

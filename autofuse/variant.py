@@ -106,6 +106,15 @@ class Variant:
     def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def gemm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` as this precision's GEMM operand: under bf16 a bfloat16 copy made once and
+        reused while the parameter is unchanged (casting an 8192² weight took 0.138 ms on an H100,
+        against 0.173 ms for the bf16 GEMM itself); otherwise ``weight`` itself."""
+        if self.precision != "bf16" or weight.dtype != torch.float32:
+            return weight
+        cache = self.__dict__.setdefault("_gemm_weight_cache", FoldCache())
+        return cache.get([weight], weight.bfloat16)
+
     def __call__(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with math_mode(self.precision):
             return self.forward(model, x)

@@ -71,7 +71,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         batch, n_out = x.shape[0], w.shape[0]
         lib = self.library(x.device)
         chunks, strips = lib.af_bn_chunks(batch), lib.af_bn_strips(n_out)
-        z = linear(x, w, None, self.precision).contiguous()
+        z = linear(x, self.gemm_weight(model.gemm.weight), None, self.precision).contiguous()
         part_count, part_mean, part_m2 = torch.empty(3, chunks, n_out, device=x.device)
         col_mean, col_coef = torch.empty(2, n_out, device=x.device)
         arrivals = torch.zeros(strips, dtype=torch.int32, device=x.device)  # per-strip arrival counters
@@ -87,7 +87,7 @@ class CublasEpilogueGemmBn(CudaVariant):
             lambda: self._fold(model, w, x.device),
             extra=(float(model.bn.eps),),
         )
-        return linear(x, weight, bias, self.precision)
+        return linear(x, self.gemm_weight(weight), bias, self.precision)
 
     @staticmethod
     def _fold(model, w, device):

@@ -44,7 +44,7 @@ class SimplifiedGemmBn(Variant):
         n = x.shape[0]
         if n < 2:
             raise InputError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-        z = linear(x, gemm.weight, None, self.precision)
+        z = linear(x, self.gemm_weight(gemm.weight), None, self.precision)
         var_z, mean_z = torch.var_mean(z, dim=0, correction=0)
         gamma = bn.weight if bn.weight is not None else 1.0
         beta = bn.bias if bn.bias is not None else torch.zeros_like(mean_z)
@@ -68,7 +68,7 @@ class SimplifiedGemmBn(Variant):
         gemm, bn, scale = model.gemm, model.bn, model.scale
         tensors = [t for t in (gemm.weight, gemm.bias, scale, bn.weight, bn.bias, bn.running_mean, bn.running_var) if t is not None]
         weight, bias = self._folded.get(tensors, lambda: self._fold(gemm, bn, scale))
-        return linear(x, weight, bias, self.precision)
+        return linear(x, self.gemm_weight(weight), bias, self.precision)
 
     @staticmethod
     def _fold(gemm, bn, scale):

@@ -1,7 +1,8 @@
 """``matmul_clamp_lse_mish``, cuBLAS + one fused epilogue kernel.
 
 y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
-tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``;
+under bf16 the weight's bfloat16 copy is cached and the bias is added by the kernel below).
 Then one kernel, one block of AF_BLOCK threads per row, does everything after it in one read
 of y: clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is exact), the running
 (max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and z·mish(z) into the
@@ -13,7 +14,7 @@ import torch
 
 from autofuse.cuda_variant import CudaVariant, linear_operands
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
+from autofuse.precision import linear_deferring_bias
 
 from .cuda_gemm import clamp_lse_scalars
 
@@ -24,7 +25,7 @@ class CublasEpilogueClampLseMish(CudaVariant):
     kind = "cublas_epilogue"
     description = "addmm through cuBLAS, then one row kernel: clamp + stable logsumexp + z·mish(z)"
     source = "csrc/clamp_lse_mish_rows.cu"
-    launchers = {"af_clamp_lse_mish_rows": ("ptr", "ptr", "float", "float", "float", "int", "int")}
+    launchers = {"af_clamp_lse_mish_rows": ("ptr", "ptr", "ptr", "float", "float", "float", "int", "int")}
 
     @classmethod
     def configs(cls, shape, device):
@@ -35,9 +36,10 @@ class CublasEpilogueClampLseMish(CudaVariant):
         n_out, n_in = lin.weight.shape
         x, w, b = linear_operands(x, lin, "matmul")
         t, lo, hi = clamp_lse_scalars(model)
-        y = linear(x, w, b, self.precision).contiguous()
+        y, bias = linear_deferring_bias(x, self.gemm_weight(lin.weight), b, self.precision)
+        y = y.contiguous()
         out = torch.empty(x.shape[0], 1, device=x.device)
-        self.launch("af_clamp_lse_mish_rows", y, out, t, lo, hi, x.shape[0], n_out, device=x.device)
+        self.launch("af_clamp_lse_mish_rows", y, bias, out, t, lo, hi, x.shape[0], n_out, device=x.device)
         return out
 
 

@@ -32,7 +32,7 @@ class SimplifiedMatmulClampLseMish(Variant):
         tensors = [t for t in (lin.weight, lin.bias) if t is not None]
         weight, bias = self._folded.get(tensors, lambda: self._fold(lin, factor), extra=(factor,))
         # In place: addmm's backward does not need its output, so autograd allows it.
-        y = linear(x, weight, bias, self.precision).clamp_(model.clamp_min, model.clamp_max)
+        y = linear(x, self.gemm_weight(weight), bias, self.precision).clamp_(model.clamp_min, model.clamp_max)
         z = torch.logsumexp(y, dim=1, keepdim=True)
         return z * F.mish(z)
 

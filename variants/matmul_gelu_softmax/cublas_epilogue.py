@@ -1,7 +1,8 @@
 """``matmul_gelu_softmax``, cuBLAS + one fused epilogue kernel.
 
 y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
-tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``;
+under bf16 the weight's bfloat16 copy is cached and the bias is added by the kernel below).
 Then one kernel, one block of AF_BLOCK threads per row, does everything after it in place:
 exact GELU and the running (max, Σ exp) pair in one read of y, then the rescale from L2.
 So the time is the GEMM's plus one pass over the (batch × out) logits.
@@ -10,7 +11,7 @@ Kernel: csrc/gelu_softmax_rows.cu.
 
 from autofuse.cuda_variant import CudaVariant, linear_operands
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
+from autofuse.precision import linear_deferring_bias
 
 
 class CublasEpilogueGeluSoftmax(CudaVariant):
@@ -19,7 +20,7 @@ class CublasEpilogueGeluSoftmax(CudaVariant):
     kind = "cublas_epilogue"
     description = "addmm through cuBLAS, then one row kernel: GELU + stable softmax in place"
     source = "csrc/gelu_softmax_rows.cu"
-    launchers = {"af_gelu_softmax_rows": ("ptr", "ptr", "int", "int")}
+    launchers = {"af_gelu_softmax_rows": ("ptr", "ptr", "ptr", "int", "int")}
 
     @classmethod
     def configs(cls, shape, device):
@@ -29,8 +30,9 @@ class CublasEpilogueGeluSoftmax(CudaVariant):
         lin = model.linear
         n_out, n_in = lin.weight.shape
         x, w, b = linear_operands(x, lin, "linear")
-        y = linear(x, w, b, self.precision).contiguous()
-        self.launch("af_gelu_softmax_rows", y, y, x.shape[0], n_out, device=x.device)
+        y, bias = linear_deferring_bias(x, self.gemm_weight(lin.weight), b, self.precision)
+        y = y.contiguous()
+        self.launch("af_gelu_softmax_rows", y, bias, y, x.shape[0], n_out, device=x.device)
         return y
 
 

@@ -3,13 +3,13 @@
 There is no algebra to fold: softmax(gelu(x·Wᵀ + b)) needs every logit. The bias is
 added inside the GEMM (addmm's epilogue instead of a separate pass) and softmax runs
 on the GELU output directly (PyTorch's kernel subtracts the row max). Under bf16 the
-GEMM takes bfloat16 operands and the epilogue stays in float32.
+GEMM takes bfloat16 operands (the weight's copy cached) and the epilogue stays in float32.
 """
 
-import torch
 import torch.nn.functional as F
 
 from autofuse.hookspecs import hookimpl
+from autofuse.precision import linear
 from autofuse.variant import Variant
 
 
@@ -22,10 +22,7 @@ class SimplifiedMatmulGeluSoftmax(Variant):
 
     def forward(self, model, x):
         lin = model.linear
-        if self.precision == "bf16" and x.dtype == torch.float32:
-            y = torch.addmm(lin.bias.bfloat16(), x.bfloat16(), lin.weight.bfloat16().t()).float()
-        else:
-            y = torch.addmm(lin.bias, x, lin.weight.t())
+        y = linear(x, self.gemm_weight(lin.weight), lin.bias, self.precision)  # addmm below bf16
         return F.softmax(F.gelu(y), dim=1)
 
 

@@ -24,13 +24,15 @@ from autofuse.worker import Candidate, Job, Worker
 VARIANT = "cuda_templated"
 
 
-def sweep(problem, shape, out: pathlib.Path) -> dict:
+def sweep(problem, shape, out: pathlib.Path, resume: pathlib.Path | None = None) -> dict:
     configs = registry.get_variant(problem, VARIANT).configs(shape, "cuda")
+    rows = json.loads(resume.read_text())["configs"] if resume and resume.exists() else []
+    done = [r["params"] for r in rows]
+    configs = [c for c in configs if c not in done]  # a sweep cut short goes on where it stopped
     start = time.perf_counter()
     build_many([b for c in configs for b in registry.get_variant(problem, VARIANT)("fp32", **c).kernel_builds("cuda")])
     built = time.perf_counter() - start
     job = Job(problem, shape, "cuda", "float32", "fp32", "any", seed=0, budget_ms=150.0)
-    rows = []
     with Worker() as worker:
         for i, config in enumerate(configs):
             result = worker.call("evaluate", (job, Candidate(VARIANT, config)), 120.0)
@@ -80,6 +82,7 @@ def main():
     ap.add_argument("problem")
     ap.add_argument("--out", default="gpu-out")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--resume", type=pathlib.Path, help="an earlier, partial sweep JSON to complete")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,7 @@ def main():
     data = None
     if not args.skip_sweep:
         start = time.perf_counter()
-        data = sweep(prob.name, shape, out)
+        data = sweep(prob.name, shape, out, args.resume)
         params, ms = best_of(data)
         n_ok = sum(r["outcome"] == "ok" for r in data["configs"])
         print(f"sweep: {n_ok}/{len(data['configs'])} ok, best {params} {ms:.4f} ms, {time.perf_counter() - start:.0f} s")

@@ -171,6 +171,21 @@ def _floor_row(prob, shape, model, x, device, precision):
     return BenchRow(FLOOR, "floor", {}, note=f"cuBLAS GEMM alone ({precision})"), gemm_alone
 
 
+def load(folder: str | pathlib.Path) -> list[BenchReport]:
+    """The reports ``save`` wrote into ``folder`` (e.g. by one bench run per precision), in file order."""
+    reports = []
+    for path in sorted(pathlib.Path(folder).glob("*.json")):
+        data = json.loads(path.read_text())
+        rows = [BenchRow(r["candidate"], r["role"], r["params"], _timing(r), r.get("note", "")) for r in data["rows"]]
+        reports.append(BenchReport(data["problem"], data["shape"], data["precision"], data["mode"], data["device"], rows))
+    return reports
+
+
+def _timing(row: dict) -> Timing | None:
+    fields = ("median_ms", "p20_ms", "p80_ms", "reps")
+    return Timing(*(row[f] for f in fields)) if all(row.get(f) is not None for f in fields) else None
+
+
 def save(reports: list[BenchReport], out: str | pathlib.Path) -> list[pathlib.Path]:
     """Write each report as JSON and, if matplotlib is installed, a PNG chart; return the chart paths."""
     out = pathlib.Path(out)

@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles for minutes)")
     bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
     bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
+    bench.add_argument("--from-out", action="store_true",
+                       help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision)")
     bench.set_defaults(run=_bench)
 
     show = commands.add_parser("show", help="print the dispatch table")
@@ -145,6 +147,8 @@ def _bench(args) -> None:
     from autofuse.listing import list_problems
     from autofuse.registry import get_problem
 
+    if args.from_out:
+        return _bench_markdown_from_out(args)
     if args.all == bool(args.problem):
         raise AutofuseError("name one problem, or pass --all")
     jobs = []
@@ -163,6 +167,23 @@ def _bench(args) -> None:
         command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
         target.write_text(markdown(reports, command, charts, target.parent))
         print(f"wrote {target}")
+
+
+def _bench_markdown_from_out(args) -> None:
+    import pathlib
+
+    from autofuse.bench import load, markdown
+
+    if not args.markdown:
+        raise AutofuseError("--from-out writes a Markdown report: name it with --markdown FILE")
+    reports = load(args.out)
+    if not reports:
+        raise AutofuseError(f"--from-out: no bench reports (*.json) in {args.out}")
+    target = pathlib.Path(args.markdown)
+    charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
+    command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
+    target.write_text(markdown(reports, command, charts, target.parent))
+    print(f"wrote {target} from {len(reports)} reports in {args.out}")
 
 
 def _print_bench(report) -> None:

@@ -46,3 +46,15 @@ def test_cli_bench_writes_json_and_markdown(tmp_path, capsys):
     assert "x floor" in capsys.readouterr().out
     assert list(out.glob("*.json")) and "## matmul_gelu_softmax" in md.read_text()
     assert main(["bench"]) == 2 and "--all" in capsys.readouterr().err
+
+
+def test_markdown_is_rewritten_from_saved_reports_of_several_runs(tmp_path):
+    out = tmp_path / "out"
+    for precision in ("fp32", "bf16"):  # two runs into one folder, as one per precision on the GPU
+        save(bench("gemm_avgpool_gelu_residual", SMALL, device="cpu", precision=precision, use_compile=False, rounds=2), out)
+    target = tmp_path / "B.md"
+    assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
+    text = target.read_text()
+    assert "(fp32, any)" in text and "(bf16, any)" in text
+    assert text.count("| eager | - |") == 2
+    assert main(["bench", "--from-out", "--out", str(tmp_path / "empty")]) == 2  # no --markdown named

@@ -18,10 +18,13 @@ for name in problems:
             if cls.admits("cuda", torch.float32, "fp32", False) is not None or "cuda" not in cls.devices or cls.devices == ("cpu", "cuda"):
                 continue
             configs = cls.configs(shape, "cuda")
+            # bf16 takes other paths in the epilogue kernels (the bias added there, not by cuBLAS)
+            precisions = [p for p in ("fp32", "bf16") if cls.admits("cuda", torch.float32, p, False) is None]
             for params in configs[:1] + [c for c in configs[1:] if c.get("bm") == 32 and c.get("vec") == 1][:1]:
-                variant = cls("fp32", **params)
-                variant.build("cuda")
-                with torch.no_grad():
-                    variant(model, x)
-                torch.cuda.synchronize()
-                print(f"ran {name}/{vname} {mode} {params}")
+                for precision in precisions:
+                    variant = cls(precision, **params)
+                    variant.build("cuda")
+                    with torch.no_grad():
+                        variant(model, x)
+                    torch.cuda.synchronize()
+                    print(f"ran {name}/{vname} {mode} {precision} {params}")

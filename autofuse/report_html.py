@@ -122,7 +122,9 @@ def _header(entries, table_path, journal, machine) -> str:
             f"<tr><td>table</td><td><code>{e(table_path)}</code></td></tr>"
             f"<tr><td>tuning journal</td><td><code>{e(journal)}</code>{journal_note}</td></tr>"
             f"<tr><td>generated</td><td>{e(datetime.datetime.now().isoformat(timespec='seconds'))}</td></tr>"
-            f"<tr><td>this machine</td><td><ul>{mine}</ul></td></tr></table>\n<p id=\"summary\">{summary}</p>")
+            f"<tr><td>this machine</td><td><ul>{mine}</ul></td></tr></table>\n<p id=\"summary\">{summary}</p>\n"
+            '<p class="note">Per entry, the winner\'s line gives the final re-timing, interleaved with eager; the table '
+            "below it gives each variant's best in the search and its speedup over eager's time in that search.</p>")
 
 
 def _overview(entries, ids) -> str:

@@ -202,3 +202,8 @@ def test_the_page_renders_in_a_headless_browser(tuned, tmp_path):
 
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[:2] == (1600, 1200) and pixels[..., :3].std() > 0.05, "the screenshot is blank"
+
+
+def test_an_empty_or_missing_table_gives_a_page_that_says_so(tmp_path):
+    page = write_report(tmp_path / "none.json", tmp_path / "out", tmp_path / "none.journal").read_text(encoding="utf-8")
+    assert "holds no entries yet" in page and not (tmp_path / "none.json").exists()

@@ -1,4 +1,4 @@
-"""The ``autofuse`` command: list, tune, show."""
+"""The ``autofuse`` command: list, tune, bench, show, report."""
 
 from __future__ import annotations
 
@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--from-out", action="store_true",
                        help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision)")
     bench.set_defaults(run=_bench)
+
+    report = commands.add_parser("report", help="write an HTML report of the dispatch table: times, charts, tuning histories, stale entries")
+    report.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
+    report.add_argument("--out", default="autofuse-report", help="folder for index.html and its PNGs (default autofuse-report)")
+    report.add_argument("--studies", help="Optuna journal with the tuning histories (default: $AUTOFUSE_HOME/studies.journal)")
+    report.set_defaults(run=_report)
 
     show = commands.add_parser("show", help="print the dispatch table")
     show.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
@@ -196,6 +202,12 @@ def _print_bench(report) -> None:
         rows.append([row.candidate, _params(row.params), f"{t.median_ms:.4f}" if t else "", f"{t.p20_ms:.4f}-{t.p80_ms:.4f}" if t else "",
                      f"{speed:.2f}x" if speed else "", f"{floor:.2f}" if floor else "", row.note[:70]])
     print(tabulate(rows, headers=["candidate", "params", "median ms", "p20-p80", "vs eager", "x floor", "note"]))
+
+
+def _report(args) -> None:
+    from autofuse.report import write_report
+
+    print(f"wrote {write_report(args.table, args.out, args.studies)}")
 
 
 def _show(args) -> None:

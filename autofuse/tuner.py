@@ -236,7 +236,9 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
     if winner is not None:  # every variant's best, so `autofuse bench` can measure them all again
         winner["candidates"] = {
             row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
-                          "median_ms": row.timing.median_ms if row.ok else None}
+                          "median_ms": row.timing.median_ms if row.ok else None,
+                          "error": row.result.error if row.result else None,
+                          "reason": (row.result.reason or "")[:300] if row.result else ""}
             for row in rows
         }
     return winner, grad_winner

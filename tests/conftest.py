@@ -8,16 +8,20 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
     skip_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) on PATH or in /usr/local/cuda/bin")
+    skip_chromium = pytest.mark.skip(reason="needs the chromium browser on PATH (apt-get install chromium; .ci/run installs it)")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
         if "nvcc" in item.keywords and not HAS_NVCC:
             item.add_marker(skip_nvcc)
+        if "chromium" in item.keywords and not CHROMIUM:
+            item.add_marker(skip_chromium)
 
 
 @pytest.fixture(autouse=True)

@@ -112,12 +112,13 @@ class SharedStudy:
         results, claims = measured(self.study), {}
         now = time.time()
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            key = key_of(trial)
-            if trial.number in self._mine or key is None or key in results:
+            if trial.number in self._mine:
                 continue
             if _dead(trial, now):
                 self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-            else:
+                continue
+            key = key_of(trial)
+            if key is not None and key not in results:
                 claims[key] = min(claims.get(key, trial.number), trial.number)
         return View(results, claims)
 
@@ -140,7 +141,9 @@ def _dead(trial: optuna.trial.FrozenTrial, now: float) -> bool:
         return True
     alive = trial.user_attrs.get("alive")
     if not isinstance(alive, (int, float)):
-        alive = trial.datetime_start.timestamp() if trial.datetime_start else now
+        if key_of(trial) is None:
+            return False  # just asked: its owner is labelling it
+        alive = trial.datetime_start.timestamp()  # a trial of an autofuse from before heartbeats
     return now - alive > GRACE_S
 
 

@@ -26,7 +26,7 @@ from autofuse.errors import StorageError
 
 FORMS = ("journal:///path/file.journal (or a path ending in .journal), sqlite:///path/file.db, "
          "postgresql://user:password@host:port/database, mysql+pymysql://user:password@host/database")
-RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 INSTALL = "pip install 'autofuse[distributed]'"
 # Two processes opening a fresh database at once race to create Optuna's tables; the loser retries.
 OPEN_ATTEMPTS = 4
@@ -54,10 +54,12 @@ def open_storage(url) -> optuna.storages.BaseStorage:
             return _journal(pathlib.Path(path))
     elif "://" not in text and text.endswith(".journal"):
         return _journal(pathlib.Path(text))
+    if text.startswith("postgres:") or text.startswith("postgres+"):  # Heroku's spelling; SQLAlchemy's is postgresql
+        text = "postgresql" + text[len("postgres"):]
     scheme, _, rest = text.partition("://")
     dialect = scheme.split("+")
     if rest and dialect[0] in RDB_SCHEMES:
-        return _rdb(text.replace("postgres://", "postgresql://", 1), dialect)
+        return _rdb(text, dialect)
     raise StorageError(f"study storage {masked(text)!r} is not a form autofuse accepts: {FORMS}")
 
 
@@ -86,7 +88,8 @@ def _rdb(url: str, dialect: list[str]) -> optuna.storages.RDBStorage:
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine)
         except ImportError as exc:  # the database's driver is missing
-            raise StorageError(f"study storage {shown}: {exc} (PostgreSQL's comes with {INSTALL})") from None
+            raise StorageError(f"study storage {shown} needs a database driver that is not installed ({exc}); "
+                               f"for PostgreSQL: {INSTALL}, for mysql+pymysql: pip install pymysql") from None
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors, e.g. refused connection, bad password
             if attempt + 1 == OPEN_ATTEMPTS or not _is_schema_race(exc):
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

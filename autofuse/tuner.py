@@ -4,7 +4,8 @@ Per shape: an Optuna study proposes candidates, a worker subprocess builds, gate
 each (a crash, hang or wrong answer is a recorded outcome), then the best few are re-timed
 interleaved with eager in one run and the simplest one within the noise of the fastest wins.
 The winner for inference, and the best autograd-capable variant for calls that need
-gradients, are written to the dispatch table.
+gradients, are written to the dispatch table. Several processes may search one study at once
+(``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from autofuse import parallel, registry, study as studies
 from autofuse.errors import InputError, TableError
 from autofuse.evaluate import BASELINE
-from autofuse.outcome import Outcome, TrialResult
+from autofuse.outcome import Outcome
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
 from autofuse.problem import Problem
 from autofuse.search import search
@@ -137,7 +138,7 @@ def _open(prob, shape, settings, plan):
     # Nothing process-specific (such as the seed) goes into the name: cooperating processes share the study.
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
-    study = studies.open_study(name, settings["seed"], plan.backend if plan.backend is not None else plan.storage)
+    study = studies.open_study(name, settings["seed"], plan.backend)
     studies.enqueue_defaults(study, spaces)
     return spaces, job, fingerprint, key, name, study
 
@@ -174,7 +175,7 @@ def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: st
     """One ``--workers`` process: search ``study`` alongside the others; the caller chooses."""
     prob = registry.get_problem(problem)
     plan = Plan(**plan)
-    plan = dataclasses.replace(plan, backend=open_storage(plan.storage))
+    plan = dataclasses.replace(plan, backend=open_storage(plan.storage))  # None: the default journal
     spaces, job, _, _, name, opened = _open(prob, prob.normalize_shape(shape), settings, plan)
     if name != study:
         raise InputError(f"this worker's study {name!r} differs from its parent's {study!r}: its device "

@@ -6,13 +6,13 @@
 Heavy modules (torch, optuna) are imported on first use, so ``import autofuse`` is cheap.
 """
 
-from autofuse.errors import AutofuseError, InputError, PluginError, TableError, UnknownNameError
+from autofuse.errors import AutofuseError, InputError, PluginError, StorageError, TableError, UnknownNameError
 from autofuse.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AutofuseError", "InputError", "PluginError", "TableError", "UnknownNameError",
+    "AutofuseError", "InputError", "PluginError", "StorageError", "TableError", "UnknownNameError",
     "Problem", "Tolerance", "Variant", "hookimpl",
     "get_module", "list_problems", "list_variants", "tune",
 ]

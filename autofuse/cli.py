@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--variants", type=lambda s: s.split(","), help="only these variants, comma-separated")
     tune.add_argument("--seed", type=int, help="seed of the sampler and the check inputs (default: random, recorded)")
     tune.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
+    tune.add_argument("--workers", type=int, default=1, help="processes searching at once: one per GPU, or N on the CPU (default 1)")
+    tune.add_argument("--storage", help="study storage shared with other processes or machines: sqlite:///f.db, "
+                      "postgresql://user:pw@host/db or journal:///path/f.journal (default: $AUTOFUSE_HOME/studies.journal)")
     tune.add_argument("--no-autograd-entry", action="store_true", help="skip the entry for calls that need gradients")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
@@ -111,7 +114,8 @@ def _tune(args) -> None:
     results = tune(args.problem, args.shape, device=args.device, dtype=args.dtype, precision=args.precision,
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
                    trial_timeout=args.trial_timeout, variants=args.variants,
-                   autograd_entry=not args.no_autograd_entry, progress=not args.no_progress)
+                   autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
+                   progress=not args.no_progress)
     for result in results:
         _print_result(result)
 

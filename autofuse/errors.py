@@ -30,3 +30,7 @@ class TableError(AutofuseError):
 
 class BuildError(AutofuseError):
     """A variant could not be compiled or loaded."""
+
+
+class StorageError(AutofuseError):
+    """A study storage that cannot be used: an unknown URL form, a missing driver, an unreachable database."""

@@ -25,9 +25,13 @@ class TrialProgress:
             postfix += f" ({eager / best.timing.median_ms:.2f}x eager)"
         self._bar.set_postfix_str(postfix)
 
-    def advance(self, results: dict) -> None:
+    def show(self, results: dict) -> None:
+        """Show ``results`` as they are now (other processes add to them too)."""
         self.update_best(results)
-        self._bar.update(1)
+        done = min(len(results), self._bar.total)
+        if done != self._bar.n:
+            self._bar.n = done
+            self._bar.refresh()
 
     def __enter__(self):
         return self

@@ -6,20 +6,22 @@ parameter pay off (one categorical over a 430-point space is no better than rand
 A suggested combination that is not a valid configuration is projected onto the nearest valid
 one (fewest steps along each parameter's sorted values), so no trial is spent on an impossible
 configuration. Every applicable variant's default configuration is enqueued first.
-Studies live in a journal file under ``$AUTOFUSE_HOME`` (safe for concurrent processes),
-so an interrupted tune resumes where it stopped.
+Studies live in a journal file under ``$AUTOFUSE_HOME`` or in a storage that several
+processes and machines share (``autofuse.storage``), so an interrupted tune resumes where it
+stopped. The study's name holds nothing process-specific (no seed), so cooperating processes
+open the same study; each samples with its own seed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import pathlib
 import warnings
 
 import optuna
 
+from autofuse.storage import default_journal as studies_path  # noqa: F401 - the name callers know
+from autofuse.storage import open_storage
 from autofuse.variant import Variant
 
 # Failed candidates are told to Optuna as this many milliseconds, so TPE learns to avoid
@@ -29,12 +31,6 @@ FAILED_VALUE_MS = 1e9
 SUGGEST_SCHEME = "per-parameter-v2"
 # Random trials before TPE models the space (after the enqueued defaults).
 STARTUP_TRIALS = 10
-
-
-def studies_path() -> pathlib.Path:
-    home = pathlib.Path(os.environ.get("AUTOFUSE_HOME") or "~/.cache/autofuse").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    return home / "studies.journal"
 
 
 def config_label(config: dict) -> str:
@@ -51,28 +47,33 @@ def space_hash(variants: dict[str, type[Variant]], spaces: dict[str, list[dict]]
     return digest.hexdigest()[:12]
 
 
-def open_study(name: str, seed: int, storage: str | None = None) -> optuna.Study:
+def open_study(name: str, seed: int, storage=None) -> optuna.Study:
+    """``storage``: None, a URL (``autofuse.storage``) or an Optuna storage.
+
+    TPE's constant liar counts other processes' running trials as bad, so cooperating
+    processes (and one process's batch) spread over the space instead of asking alike.
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if storage is None:
-        backend = optuna.storages.journal.JournalFileBackend(str(studies_path()))
-        storage = optuna.storages.JournalStorage(backend)
     # multivariate + group: the parameters of one variant are modelled jointly, and only with
-    # the trials that chose that variant. constant_liar: a batch asked at once (compiled in
-    # parallel) is spread out instead of suggesting one point several times.
+    # the trials that chose that variant.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS, multivariate=True,
                                              group=True, constant_liar=True)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+    return optuna.create_study(study_name=name, storage=open_storage(storage), sampler=sampler,
                                direction="minimize", load_if_exists=True)
 
 
 def enqueue_defaults(study: optuna.Study, spaces: dict[str, list[dict]]) -> None:
-    """Enqueue each variant's default configuration, once per study (not again on resume)."""
+    """Enqueue each variant's default configuration, once per study (not again on resume).
+
+    Two processes opening a new study at once may both enqueue: the search skips a
+    configuration that is measured or being measured elsewhere, so nothing is measured twice.
+    """
     if study.trials:
         return
     for name, configs in spaces.items():
-        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in configs[0].items()}})
+        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in configs[0].items()}}, skip_if_exists=True)
 
 
 def suggest(trial: optuna.Trial, spaces: dict[str, list[dict]]) -> tuple[str, dict]:

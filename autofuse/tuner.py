@@ -4,7 +4,8 @@ Per shape: an Optuna study proposes candidates, a worker subprocess builds, gate
 each (a crash, hang or wrong answer is a recorded outcome), then the best few are re-timed
 interleaved with eager in one run and the simplest one within the noise of the fastest wins.
 The winner for inference, and the best autograd-capable variant for calls that need
-gradients, are written to the dispatch table.
+gradients, are written to the dispatch table. Several processes may search one study at once
+(``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``.
 """
 
 from __future__ import annotations
@@ -18,23 +19,19 @@ from collections.abc import Mapping
 
 import torch
 
-from autofuse import registry, study as studies
-from autofuse.build import build_many
+from autofuse import parallel, registry, study as studies
 from autofuse.errors import InputError, TableError
 from autofuse.evaluate import BASELINE
-from autofuse.outcome import Outcome, TrialResult
+from autofuse.outcome import Outcome
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
 from autofuse.problem import Problem
-from autofuse.progress import TrialProgress
+from autofuse.search import search
 from autofuse.selection import Row, choose
+from autofuse.storage import open_storage
 from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
-# Suggestions asked per distinct candidate before the search stops looking for new ones.
-MAX_ASKS_PER_TRIAL = 5
-# Trials asked at once: their kernels compile in parallel (one nvcc per core, at most 8).
-ASK_BATCH = max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclasses.dataclass
@@ -49,26 +46,50 @@ class TuneResult:
     table_path: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How each shape is searched; what ``--workers`` processes receive (less ``backend``) as JSON."""
+
+    n_trials: int | None
+    timeout: float | None
+    trial_timeout: float
+    variants: list[str] | None
+    storage: str | None  # the URL, for worker processes
+    workers: int = 1
+    autograd_entry: bool = True
+    progress: bool = True
+    backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "backend"}
+
+
 def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | None = None,
          dtype: str = "float32", precision: str = "fp32", mode: str | None = None,
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
-         storage: str | None = None, progress: bool = True) -> list[TuneResult]:
+         storage=None, workers: int = 1, progress: bool = True) -> list[TuneResult]:
     """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
 
     ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
-    ``trial_timeout`` bounds one candidate. Returns one TuneResult per shape.
+    ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
+    (``autofuse.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
+    and machines may share; ``workers`` processes search each shape at once, one per GPU (or
+    all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
     shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
     settings = _settings(prob, device, dtype, precision, mode, seed)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers must be an int >= 1, got {workers!r}")
+    url = os.fspath(storage) if isinstance(storage, (str, os.PathLike)) else None
+    if workers > 1 and storage is not None and url is None:
+        raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
+    plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress,
+                backend=open_storage(storage))  # a bad URL fails here, before any work
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
-        return [
-            _tune_shape(prob, s, settings, worker, table, n_trials, timeout, trial_timeout, variants,
-                        autograd_entry, storage, progress)
-            for s in shapes
-        ]
+        return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
 
 
 def _settings(prob: Problem, device, dtype, precision, mode, seed) -> dict:
@@ -107,31 +128,61 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     return spaces
 
 
-def _tune_shape(prob, shape, settings, worker, table, n_trials, timeout, trial_timeout, only,
-                autograd_entry, storage, progress) -> TuneResult:
-    spaces = _spaces(prob, shape, settings, only)
+def _open(prob, shape, settings, plan):
+    """The shape's search space, job, fingerprint, dispatch key, study name and study."""
+    spaces = _spaces(prob, shape, settings, plan.variants)
     job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
     # Read in this process: a rerun whose trials are all done then never starts a worker.
     fingerprint = current_fingerprint(settings["device"])
     key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    # Nothing process-specific (such as the seed) goes into the name: cooperating processes share the study.
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
-    study = studies.open_study(name, settings["seed"], storage)
+    study = studies.open_study(name, settings["seed"], plan.backend)
     studies.enqueue_defaults(study, spaces)
-    total = n_trials if n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+    return spaces, job, fingerprint, key, name, study
+
+
+def _total(plan: Plan, spaces: dict) -> int:
+    return plan.n_trials if plan.n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+
+
+def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
+    spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan)
+    total = _total(plan, spaces)
     before = len(studies.finished(study))
-    results = _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, f"{prob.name} {prob.shape_str(shape)}")
+    label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
+    if plan.workers > 1:
+        parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
+                        plan.workers, study, total, label, plan.progress)
+        # What they left undone (a worker died, say) this process searches for itself.
+        timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+    results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
     rows = _rows(results, registry.variants(prob.name), spaces)
     n_done = len(studies.finished(study))
-    recorded = _recorded(table, fingerprint, prob, shape, key, autograd_entry)
+    recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
     if n_done == before and recorded is not None and recorded[0].get("study") == name and recorded[0].get("trials") == n_done:
         # Nothing new was measured and the table holds this study's choice: keep it (a rerun
         # of a tuned shape costs no device time).
         winner, grad_winner = recorded
     else:
-        winner, grad_winner = _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_done, name)
+        winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name)
         _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
+
+
+def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: str) -> None:
+    """One ``--workers`` process: search ``study`` alongside the others; the caller chooses."""
+    prob = registry.get_problem(problem)
+    plan = Plan(**plan)
+    plan = dataclasses.replace(plan, backend=open_storage(plan.storage))  # None: the default journal
+    spaces, job, _, _, name, opened = _open(prob, prob.normalize_shape(shape), settings, plan)
+    if name != study:
+        raise InputError(f"this worker's study {name!r} differs from its parent's {study!r}: its device "
+                         f"({settings['device']}) or variants differ, so its timings would not be comparable")
+    total = _total(plan, spaces)
+    with Worker() as worker:
+        search(opened, spaces, job, worker, total, plan.timeout, plan.trial_timeout, False, name)
 
 
 def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
@@ -145,58 +196,6 @@ def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
     if entry is None or (autograd_entry and grad is None):
         return None
     return entry, grad
-
-
-def _search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
-    """Measure candidates until ``total`` distinct ones are measured (earlier sessions' included),
-    the space is exhausted or ``timeout`` passes.
-
-    Trials are asked in batches (TPE's constant liar keeps a batch diverse); the batch's kernels
-    compile in parallel on the host while the GPU measures candidates one at a time. A repeated
-    suggestion is told its earlier result and does not count: on small categorical spaces TPE
-    repeats itself often, and a trial budget spent on repeats measures nothing.
-    """
-    results = {}  # (variant, config label) -> TrialResult, earlier sessions' included
-    for trial in studies.finished(study):
-        if "outcome" in trial.user_attrs:
-            results[(trial.params["variant"], trial.user_attrs["config"])] = TrialResult.from_dict(trial.user_attrs["result"])
-    total = min(total, sum(len(c) for c in spaces.values()))
-    asks_left = MAX_ASKS_PER_TRIAL * total
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with TrialProgress(total, min(len(results), total), label, enabled=progress) as bar:
-        bar.update_best(results)
-        while len(results) < total and asks_left > 0 and (deadline is None or time.monotonic() < deadline):
-            size = min(ASK_BATCH, total - len(results))
-            asks_left -= size
-            batch = [(trial, *studies.suggest(trial, spaces)) for trial in (study.ask() for _ in range(size))]
-            _prebuild([(name, config) for _, name, config in batch if (name, studies.config_label(config)) not in results], job)
-            for trial, name, config in batch:
-                key = (name, studies.config_label(config))
-                if key not in results:
-                    results[key] = worker.call("evaluate", (job, Candidate(name, config)), trial_timeout)
-                    bar.advance(results)
-                _tell(study, trial, key, results[key])
-    return results
-
-
-def _tell(study, trial, key, result: TrialResult) -> None:
-    trial.set_user_attr("config", key[1])
-    trial.set_user_attr("outcome", result.outcome.value)
-    trial.set_user_attr("result", result.to_dict())
-    study.tell(trial, result.timing.median_ms if result.outcome is Outcome.OK else studies.FAILED_VALUE_MS)
-
-
-def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
-    """Compile the candidates' kernels in parallel; a failure is left for the worker to record."""
-    builds = []
-    for name, config in candidates:
-        variant = registry.get_variant(job.problem, name)(job.precision, **config)
-        try:
-            builds.extend(variant.kernel_builds(job.device))
-        except Exception:  # noqa: BLE001 - e.g. no nvcc: the worker records why
-            continue
-    if builds:
-        build_many(builds)
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:

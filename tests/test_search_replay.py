@@ -12,7 +12,7 @@ import pathlib
 import optuna
 import pytest
 
-from autofuse import study as studies, tuner
+from autofuse import search, study as studies
 from autofuse.outcome import Outcome, TrialResult
 from autofuse.worker import Job
 
@@ -49,14 +49,14 @@ def _search(data, seed, enqueue_defaults):
         studies.enqueue_defaults(study, spaces)
     job = Job(data["problem"], data["shape"], "cuda", "float32", "fp32", "any", seed)
     worker = ReplayWorker(data)
-    results = tuner._search(study, spaces, job, worker, TRIALS, None, 60.0, False, "replay")
+    results = search.search(study, spaces, job, worker, TRIALS, None, 60.0, False, "replay")
     assert worker.calls == len(results) <= TRIALS, "a candidate was measured twice or the budget overrun"
     return min(r.timing.median_ms for r in results.values()), len(results)
 
 
 @pytest.fixture(autouse=True)
 def _no_builds(monkeypatch):
-    monkeypatch.setattr(tuner, "_prebuild", lambda candidates, job: None)  # nothing to compile in a replay
+    monkeypatch.setattr(search, "_prebuild", lambda candidates, job: None)  # nothing to compile in a replay
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -143,9 +143,8 @@ class Problem:
         """The shapes the conformance kit checks every variant at."""
         return [dict(zip(self.dims, sizes)) for sizes in CONFORMANCE_SIZES]
 
-    def shape_of(self, model: nn.Module, x: torch.Tensor, init_args: tuple[tuple, dict] | None = None) -> Shape | None:
-        """The shape of a call (None: no shape of this problem describes it, so it runs the
-        reference). ``init_args`` are the (args, kwargs) the model was built from, if known."""
+    def shape_of(self, model: nn.Module, x: torch.Tensor) -> Shape | None:
+        """The shape of a call (None: no shape of this problem describes it, so it runs the reference)."""
         batch, n_in, n_out = self.dims
         return {batch: x.shape[0], n_in: x.shape[1], n_out: self.linear_of(model).out_features}
 

@@ -99,7 +99,8 @@ def _dispatch_info(self, x) -> dict:
 
 
 class Dispatcher:
-    """Per-module dispatch state: ready callables by call key, and what each one is."""
+    """Per-module dispatch state: ready callables by call key, and what each one is, and the
+    (args, kwargs) the module was built from (a KernelBench file problem reads its sizes there)."""
 
     def __init__(self, problem, precision: str, table: DispatchTable, init_args: tuple[tuple, dict] | None = None):
         self.problem, self.precision, self.table, self.init_args = problem, precision, table, init_args
@@ -117,7 +118,7 @@ class Dispatcher:
     def resolve(self, model, x, key) -> object:
         self.problem.check_input(model, x)
         check_dtype(x.dtype, self.precision)
-        shape = self.problem.shape_of(model, x, self.init_args)
+        shape = self.problem.shape_of(model, x)
         dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])
         fingerprint = fingerprint_key(current_fingerprint(x.device))
         if shape is None:

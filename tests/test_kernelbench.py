@@ -14,6 +14,7 @@ import autofuse
 from autofuse import kernelbench, plugins, registry
 from autofuse.cli import main
 from autofuse.export import export_kernelbench
+from autofuse.testing import assert_variant_conforms
 from helpers import assert_close, record
 
 FILES = pathlib.Path(__file__).parent / "kernelbench"
@@ -171,7 +172,7 @@ def test_two_different_files_under_one_name_fail_naming_both(tmp_path):
 def test_get_module_reads_the_sizes_of_each_call():
     module = autofuse.get_module(str(CONV), 3, 5, 3, (5, 1, 1))
     x = torch.rand(2, 3, 9, 10)
-    shape = module._autofuse.problem.shape_of(module, x, module._autofuse.init_args)
+    shape = registry.get_problem(str(CONV)).shape_of(module, x)
     assert shape == {"batch_size": 2, "in_channels": 3, "out_channels": 5, "height": 9, "width": 10, "kernel_size": 3}
     with pytest.raises(autofuse.InputError, match=r"expected a 4-D input \(batch_size, in_channels, height, width\)"):
         module(torch.rand(3, 9, 10))
@@ -185,6 +186,18 @@ def test_get_module_reads_the_sizes_of_each_call():
 def test_a_plugin_variant_for_a_file_waits_for_the_file(conv_plugin):
     assert "kb_conv2d_relu_biasadd" not in registry.problems()  # no error: the variant waits
     assert set(registry.variants(str(CONV))) == {"eager", "functional", "no_relu"}
+
+
+def test_the_conformance_kit_runs_a_file_problems_variants(conv_plugin):
+    assert_variant_conforms(str(CONV), "functional")  # batch 1, 2, 7 and the file's own sizes
+    with pytest.raises(AssertionError, match="no_relu"):
+        assert_variant_conforms(str(CONV), "no_relu")
+
+
+def test_bench_takes_a_file(tmp_path, capsys):
+    assert main(["bench", str(GEMM), "--device", "cpu", "--no-compile", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "kb_gemm_sigmoid_sum" in out and "autofuse dispatch" in out and "floor" in out
 
 
 # -- tune, dispatch, export ------------------------------------------------------------

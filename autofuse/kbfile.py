@@ -45,7 +45,6 @@ class KernelBenchFile:
         self.module = self._load_module(module_name)
         self.Model = self.module.Model
         init_leaves, input_shape = self.signature(self.sizes)
-        self.input_rank = len(input_shape)
         self.places = self._find_places(init_leaves, input_shape)
         self.positions = {name: places[0] for name, places in self.places.items()}
 
@@ -89,28 +88,36 @@ class KernelBenchFile:
             self._cache[key] = namespace
         return self._cache[key]
 
+    def _call(self, sizes: Mapping[str, int], function: str):
+        try:
+            return self.namespace(sizes)[function]()
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"{self.origin}: {function}() raised {type(exc).__name__} at {dict(sizes)}: {exc}") from exc
+
     def init_inputs(self, sizes: Mapping[str, int]) -> list:
-        return list(self.namespace(sizes)["get_init_inputs"]())
+        return list(self._call(sizes, "get_init_inputs"))
 
     def inputs(self, sizes: Mapping[str, int], seed: int) -> torch.Tensor:
         """The one tensor ``get_inputs()`` returns at ``sizes``, drawn from ``seed`` (the global
         generator is left as it was)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return self._one_tensor(self.namespace(sizes)["get_inputs"]())
+            return self._one_tensor(self._call(sizes, "get_inputs"))
 
     def signature(self, sizes: Mapping[str, int]) -> tuple[tuple, tuple]:
         """(the init args flattened, the input's shape) at ``sizes``; nothing is allocated
         unless the file's get_inputs cannot run on the meta device."""
-        namespace = self.namespace(sizes)
+        get_inputs = self.namespace(sizes)["get_inputs"]
         try:
             with torch.device("meta"):
-                x = self._one_tensor(namespace["get_inputs"]())
+                x = self._one_tensor(get_inputs())
         except InputError:
             raise
         except Exception:  # noqa: BLE001 - e.g. an explicit device=; build it for real
             x = self.inputs(sizes, 0)
-        return tuple(flatten(namespace["get_init_inputs"]())), tuple(x.shape)
+        return tuple(flatten(self.init_inputs(sizes))), tuple(x.shape)
 
     def _one_tensor(self, inputs) -> torch.Tensor:
         if not isinstance(inputs, (list, tuple)) or len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):

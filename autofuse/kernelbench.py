@@ -199,7 +199,7 @@ def load(path: str | os.PathLike, *, remember: bool = True) -> KernelBenchProble
     resolved = pathlib.Path(path).expanduser().resolve()
     if not resolved.is_file():
         raise UnknownNameError(f"no problem or KernelBench file {str(path)!r}: {resolved} is not a file")
-    problem = register_source(resolved.read_text(), name=problem_name(resolved), origin=str(resolved))
+    problem = register_source(resolved.read_text(encoding="utf-8"), name=problem_name(resolved), origin=str(resolved))
     if remember and str(resolved) not in _env_paths():
         os.environ[ENV] = os.pathsep.join(_env_paths() + [str(resolved)])
     return problem

@@ -96,7 +96,7 @@ def _bench_shape(prob, shape, device, precision, mode, table, rounds, use_compil
         if name == "eager" or cls.admits(torch.device(device).type, torch.float32, precision, False) is not None:
             continue
         add(*_variant_row(prob, cls, shape, device, precision, mode, entry, x, model))
-    add(*_dispatch_row(prob, model, x, precision, table))
+    add(*_dispatch_row(prob, shape, model, x, precision, table))
     add(*_floor_row(prob, shape, model, x, device, precision))
     with torch.no_grad():
         timings = time_interleaved(calls, device, rounds=rounds)
@@ -135,8 +135,8 @@ def _variant_row(prob, cls, shape, device, precision, mode, entry, x, model):
     return BenchRow(cls.name, "variant", params, note=note), _call(variant, model, x)
 
 
-def _dispatch_row(prob, model, x, precision, table):
-    args, kwargs = prob.init_args({d: v for d, v in zip(prob.dims, (x.shape[0], *_in_out(prob, model)))})
+def _dispatch_row(prob, shape, model, x, precision, table):
+    args, kwargs = prob.init_args(shape)
     module = get_module(prob.name, *args, table=table, precision=precision, **kwargs)
     module.load_state_dict(model.state_dict())
     module.to(x.device).train(model.training)
@@ -146,11 +146,6 @@ def _dispatch_row(prob, model, x, precision, table):
     with torch.no_grad():
         info = module.dispatch_info(x)
     return BenchRow("autofuse dispatch", "dispatch", info["params"], note=f"{info['variant']} ({info['source']})"), (lambda: module(x))
-
-
-def _in_out(prob, model):
-    linear_layer = prob.linear_of(model)
-    return linear_layer.in_features, linear_layer.out_features
 
 
 def _floor_row(prob, shape, model, x, device, precision):

@@ -1,4 +1,4 @@
-"""The ``autofuse`` command: list, tune, bench, show, report."""
+"""The ``autofuse`` command: list, tune, bench, show, export, report."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=_list)
 
     tune = commands.add_parser("tune", help="tune a problem and record the winner in the dispatch table")
-    tune.add_argument("problem", help="problem name or alias (autofuse list shows them)")
+    tune.add_argument("problem", help="problem name or alias (autofuse list shows them), or a KernelBench file's path")
     tune.add_argument("--shape", type=_shape_arg, help="e.g. batch_size=1024,in_features=8192,out_features=8192 (default: every default shape)")
     tune.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
     tune.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -79,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="print the dispatch table")
     show.add_argument("--table", help="dispatch table path (default: $AUTOFUSE_HOME/table.json)")
     show.set_defaults(run=_show)
+
+    export = commands.add_parser("export", help="write a KernelBench ModelNew file that dispatches through the tuned table")
+    export.add_argument("problem", help="problem name or alias, or a KernelBench file's path")
+    export.add_argument("--kernelbench", required=True, metavar="OUT.py", help="the file to write")
+    export.add_argument("--table", help="dispatch table ModelNew reads (default: $AUTOFUSE_HOME/table.json where it runs)")
+    export.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                        help="precision of every dispatch (bf16 for a harness that runs in bfloat16)")
+    export.set_defaults(run=_export)
     return parser
 
 
@@ -230,6 +238,16 @@ def _show(args) -> None:
         return
     print(f"{table.path}:")
     print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+
+
+def _export(args) -> None:
+    from autofuse.export import export_kernelbench
+
+    command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else None
+    lines = export_kernelbench(args.problem, args.kernelbench, table=args.table, precision=args.precision, command=command)
+    print(f"wrote {args.kernelbench}; ModelNew dispatches through:")
+    for line in lines:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -25,6 +25,12 @@ Shape = dict[str, int]
 # zero-mean one, and one large enough that exp() overflows float32 unless the row
 # maximum is subtracted first (|x| ~ 100 gives linear outputs in the hundreds).
 DISTRIBUTIONS = ("rand", "randn", "large")
+# (batch, in, out) the conformance kit checks: batch 1, sizes of 1, odd sizes that are
+# multiples of no tile (37 × 1000 × 777 crosses several tiles in every dimension), and a
+# moderate power-of-two one.
+CONFORMANCE_SIZES = ((1, 37, 53), (2, 1, 1), (37, 1000, 777), (64, 256, 192))
+# Odd sizes, a multiple of no tile, for the extra case every check runs.
+ODD_SIZES = (7, 37, 53)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,8 @@ class Problem:
     # "memory" (moving memory_floor_bytes at the measured copy bandwidth), where the algebra
     # removes the GEMM.
     floor: str = "gemm"
+    # The smallest value a shape parameter may take (a KernelBench file's `padding = 0` is one).
+    MIN_SIZE: ClassVar[int] = 1
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -96,8 +104,8 @@ class Problem:
                 number = int(value)
             except (TypeError, ValueError):
                 raise InputError(f"shape parameter {key} must be an integer, got {value!r}") from None
-            if number < 1 or number != float(value):
-                raise InputError(f"shape parameter {key} must be a positive integer, got {value!r}")
+            if number < self.MIN_SIZE or number != float(value):
+                raise InputError(f"shape parameter {key} must be an integer >= {self.MIN_SIZE}, got {value!r}")
             named[dim] = number
         missing = [dim for dim in self.dims if dim not in named]
         if missing:
@@ -116,7 +124,27 @@ class Problem:
     def linear_of(self, model: nn.Module) -> nn.Linear:
         return getattr(model, self.linear_attr)
 
-    def shape_of(self, model: nn.Module, x: torch.Tensor) -> Shape:
+    @property
+    def command_name(self) -> str:
+        """How the ``autofuse`` command names this problem (a file problem: its path)."""
+        return self.name
+
+    @property
+    def batch_dim(self) -> str | None:
+        """The shape parameter that is the batch size (None if none is): the runtime serves an
+        untuned batch size from the nearest tuned one, and checks run an odd one."""
+        return self.dims[0]
+
+    def odd_shape(self, shape: Mapping[str, int]) -> Shape | None:
+        """A small shape of odd sizes that every check also runs (None: no such case)."""
+        return dict(zip(self.dims, ODD_SIZES))
+
+    def conformance_shapes(self) -> list[Shape]:
+        """The shapes the conformance kit checks every variant at."""
+        return [dict(zip(self.dims, sizes)) for sizes in CONFORMANCE_SIZES]
+
+    def shape_of(self, model: nn.Module, x: torch.Tensor) -> Shape | None:
+        """The shape of a call (None: no shape of this problem describes it, so it runs the reference)."""
         batch, n_in, n_out = self.dims
         return {batch: x.shape[0], n_in: x.shape[1], n_out: self.linear_of(model).out_features}
 
@@ -168,15 +196,15 @@ class Problem:
     def randomize_parameters(self, model: nn.Module, generator: torch.Generator, distribution: str = "randn") -> None:
         """Redraw every parameter and buffer, so a check does not rest on default init.
 
-        Weights get variance 1/in (outputs on the input's scale), everything else a
-        standard normal; subclasses adjust what needs a particular range.
+        Weights (2-D and up) get variance 1/fan-in (outputs on the input's scale), everything
+        else a standard normal; subclasses adjust what needs a particular range.
         """
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             if not tensor.is_floating_point():
                 continue
             fresh = torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
-            if tensor.dim() == 2:
-                fresh /= math.sqrt(tensor.shape[1])
+            if tensor.dim() >= 2:
+                fresh /= math.sqrt(max(1, math.prod(tensor.shape[1:])))
             tensor.copy_(fresh.to(tensor.dtype))
 
     # -- the float64 reference ----------------------------------------------

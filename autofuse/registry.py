@@ -1,7 +1,9 @@
 """The registry: hook results folded into dicts keyed by name.
 
 A duplicate name fails naming both plugins; an unknown name lists the known ones.
-Built once per plugin manager (``plugins.reset_plugin_manager`` clears it).
+Built once per plugin manager (``plugins.reset_plugin_manager`` clears it) and again
+whenever a KernelBench file becomes a problem (``autofuse.kernelbench``): a problem name
+that is a path loads that file.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import logging
 import threading
 
+from autofuse import kernelbench
 from autofuse.errors import PluginError, UnknownNameError
 from autofuse.plugins import blocked_plugins, get_plugin_manager
 from autofuse.problem import Problem
@@ -22,6 +25,7 @@ class _Registry:
     aliases: dict[str, str]
     variants: dict[str, dict[str, type[Variant]]]
     owners: dict[tuple[str, ...], str]  # (problem,) or (problem, variant) -> plugin name
+    kernelbench: int = -1  # kernelbench.generation() it was built at
 
 
 log = logging.getLogger("autofuse")
@@ -54,6 +58,11 @@ def _build() -> _Registry:
     reg = _Registry(problems={}, aliases={}, variants={}, owners={})
     for plugin, problem in _hook_results("autofuse_register_problems"):
         _add_problem(reg, plugin, problem)
+    # Before the plugins' variants, which may name a file problem (kb_<stem>).
+    for problem in kernelbench.registered():
+        _add_problem(reg, f"kernelbench:{problem.file.origin}", problem)
+        _add_variant(reg, f"kernelbench:{problem.file.origin}", problem.eager_variant)
+    reg.kernelbench = kernelbench.generation()
     for plugin, variant in _hook_results("autofuse_register_variants"):
         _add_variant(reg, plugin, variant)
     return reg
@@ -82,6 +91,10 @@ def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
         log.warning("autofuse: skipping variant %s/%s of plugin %r: no such problem (blocked: %s)",
                     variant.problem, variant.name, plugin, ", ".join(blocked_plugins()))
         return
+    if variant.problem not in reg.problems and variant.problem.startswith("kb_"):
+        # A variant for a KernelBench file that this process has not loaded: it joins when the file does.
+        log.debug("autofuse: variant %s/%s of plugin %r waits for its KernelBench file", variant.problem, variant.name, plugin)
+        return
     if variant.problem not in reg.problems:
         raise PluginError(
             f"plugin {plugin!r} registered variant {variant.name!r} for unknown problem "
@@ -100,7 +113,7 @@ def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
 def _get() -> _Registry:
     global _registry
     with _lock:
-        if _registry is None:
+        if _registry is None or _registry.kernelbench != kernelbench.generation():
             _registry = _build()
         return _registry
 
@@ -111,20 +124,26 @@ def problems() -> dict[str, Problem]:
 
 
 def get_problem(name: str) -> Problem:
-    """The problem called ``name`` or one of its aliases (e.g. ``kb2-39``)."""
+    """The problem called ``name`` or one of its aliases (e.g. ``kb2-39``), or the problem of
+    the KernelBench file at path ``name`` (loaded and registered on first use)."""
     reg = _get()
     canonical = reg.aliases.get(name)
+    if canonical is None and kernelbench.is_path(name):
+        canonical = kernelbench.load(name).name
+        reg = _get()
     if canonical is None:
         known = ", ".join(
             f"{p.name} ({', '.join(p.aliases)})" if p.aliases else p.name for p in reg.problems.values()
         )
-        raise UnknownNameError(f"unknown problem {name!r}; known problems: {known or 'none'}")
+        hint = "; a KernelBench file is named by its path (it is then also known as kb_<stem>)" if name.startswith("kb_") else ""
+        raise UnknownNameError(f"unknown problem {name!r}; known problems: {known or 'none'}{hint}")
     return reg.problems[canonical]
 
 
 def variants(problem: str) -> dict[str, type[Variant]]:
     """Every variant of ``problem`` by name."""
-    return dict(_get().variants[get_problem(problem).name])
+    name = get_problem(problem).name  # first: a path loads its file, which rebuilds the registry
+    return dict(_get().variants[name])
 
 
 def get_variant(problem: str, name: str) -> type[Variant]:

@@ -30,15 +30,36 @@ _subclasses: dict[type, type] = {}
 def get_module(problem: str, *init_args, table=None, precision: str = "fp32", **init_kwargs) -> nn.Module:
     """The reference model of ``problem`` built from ``init_args``, dispatching to tuned variants.
 
-    ``table`` is a path (or DispatchTable) to read instead of ``$AUTOFUSE_HOME/table.json``;
-    ``precision`` ("fp32", "tf32", "bf16") is part of every lookup.
+    ``problem`` is a name, an alias or the path of a KernelBench file; ``table`` is a path (or
+    DispatchTable) to read instead of ``$AUTOFUSE_HOME/table.json``; ``precision`` ("fp32",
+    "tf32", "bf16") is part of every lookup.
     """
     prob = registry.get_problem(problem)
     check_precision(precision)
-    cls = _dispatching_subclass(prob.model)
-    module = cls(*init_args, **init_kwargs)
-    module._autofuse = Dispatcher(prob, precision, table if isinstance(table, DispatchTable) else DispatchTable(table))
+    module = _dispatching_subclass(prob.model)(*init_args, **init_kwargs)
+    _attach(module, prob, precision, table, init_args, init_kwargs)
     return module
+
+
+def dispatching_class(problem, *, model: type | None = None, table=None, precision: str = "fp32") -> type:
+    """A subclass of ``model`` (default: the problem's reference class) whose instances dispatch
+    like ``get_module``'s: constructed from the reference's own init args, so it drops in
+    wherever the reference class is named (KernelBench's ``ModelNew``). ``problem`` is a name,
+    a path or a registered Problem; ``model`` must take the same init args as its reference."""
+    prob = registry.get_problem(problem if isinstance(problem, str) else problem.name)
+    check_precision(precision)
+    base = _dispatching_subclass(model or prob.model)
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        _attach(self, prob, precision, table, args, kwargs)
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__, "__doc__": base.__doc__})
+
+
+def _attach(module: nn.Module, prob, precision: str, table, args: tuple, kwargs: dict) -> None:
+    table = table if isinstance(table, DispatchTable) else DispatchTable(table)
+    module._autofuse = Dispatcher(prob, precision, table, (tuple(args), dict(kwargs)))
 
 
 def _dispatching_subclass(model_cls: type) -> type:
@@ -78,10 +99,11 @@ def _dispatch_info(self, x) -> dict:
 
 
 class Dispatcher:
-    """Per-module dispatch state: ready callables by call key, and what each one is."""
+    """Per-module dispatch state: ready callables by call key, and what each one is, and the
+    (args, kwargs) the module was built from (a KernelBench file problem reads its sizes there)."""
 
-    def __init__(self, problem, precision: str, table: DispatchTable):
-        self.problem, self.precision, self.table = problem, precision, table
+    def __init__(self, problem, precision: str, table: DispatchTable, init_args: tuple[tuple, dict] | None = None):
+        self.problem, self.precision, self.table, self.init_args = problem, precision, table, init_args
         self.ready: dict[tuple, object] = {}
         self.info: dict[tuple, dict] = {}
         self._document: dict | None = None
@@ -99,7 +121,12 @@ class Dispatcher:
         shape = self.problem.shape_of(model, x)
         dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])
         fingerprint = fingerprint_key(current_fingerprint(x.device))
-        entry, how = self._lookup(fingerprint, shape, dkey)
+        if shape is None:
+            self._say(f"no shape of {self.problem.name} describes a call with input {tuple(x.shape)} on a model "
+                      f"built from {self.init_args}; running the reference")
+            entry, how = None, "no shape: reference"
+        else:
+            entry, how = self._lookup(fingerprint, shape, dkey)
         call, info = self._callable(entry, how, x.device, dkey, shape)
         self.ready[key], self.info[key] = call, info
         return call
@@ -110,13 +137,13 @@ class Dispatcher:
         exact = shapes.get(shape_key(shape), {}).get(dkey.to_str())
         if exact is not None:
             return exact, "tuned"
-        nearest = _nearest_batch(shapes, shape, dkey.to_str(), self.problem.dims[0])
+        nearest = _nearest_batch(shapes, shape, dkey.to_str(), self.problem.batch_dim)
         if nearest is not None:
             tuned_shape, entry = nearest
             self._say(f"no tuned entry for {self.problem.name} {shape_key(shape)} ({dkey.to_str()}); "
                       f"using the one tuned at {tuned_shape} ({entry.get('variant')})")
             return entry, f"nearest batch ({tuned_shape})"
-        hint = f"autofuse tune {self.problem.name} --shape {shape_key(shape)} --precision {self.precision}"
+        hint = f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)} --precision {self.precision}"
         self._say(f"no tuned entry for {self.problem.name} {shape_key(shape)} ({dkey.to_str()}) on {fingerprint}; "
                   f"running the reference. To tune it: {hint}")
         return None, "no entry: reference"
@@ -153,15 +180,17 @@ class Dispatcher:
             log.warning("autofuse: %s", message)
 
 
-def _nearest_batch(shapes: dict, shape: dict, dkey: str, batch_dim: str):
+def _nearest_batch(shapes: dict, shape: dict, dkey: str, batch_dim: str | None):
     """(shape key, entry) tuned at the batch size nearest (in ratio) to ``shape``'s, other dims equal."""
+    if batch_dim is None or not shape.get(batch_dim):
+        return None
     best = None
     for skey, by_key in shapes.items():
         try:
             tuned = parse_shape_key(skey)
         except ValueError:
             continue
-        if dkey not in by_key or {k: v for k, v in tuned.items() if k != batch_dim} != {k: v for k, v in shape.items() if k != batch_dim}:
+        if dkey not in by_key or not tuned.get(batch_dim) or {k: v for k, v in tuned.items() if k != batch_dim} != {k: v for k, v in shape.items() if k != batch_dim}:
             continue
         distance = abs(math.log(tuned[batch_dim] / shape[batch_dim]))
         if best is None or distance < best[0]:

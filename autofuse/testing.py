@@ -19,11 +19,8 @@ import pytest
 import torch
 
 from autofuse import registry
+from autofuse.problem import CONFORMANCE_SIZES as CONFORMANCE_SHAPES  # noqa: F401 - kept importable
 from autofuse.verify import CheckCase, check_variant
-
-# (batch, in, out): batch 1, sizes of 1, odd sizes that are multiples of no tile (37 × 1000 × 777
-# crosses several tiles in every dimension), and a moderate power-of-two one.
-CONFORMANCE_SHAPES = ((1, 37, 53), (2, 1, 1), (37, 1000, 777), (64, 256, 192))
 DISTRIBUTIONS = (("rand", False), ("randn", True), ("large", True))
 
 
@@ -38,18 +35,24 @@ def parametrize_variants(problems: list[str] | None = None):
     return pytest.mark.parametrize("problem,variant", ids, ids=[f"{p}/{v}" for p, v in ids])
 
 
-def conformance_cases(problem: str, seed: int = 0, shapes=CONFORMANCE_SHAPES) -> list[CheckCase]:
+def _shapes(prob, shapes) -> list[dict]:
+    """``shapes`` as dicts: None is the problem's own conformance shapes; a tuple is sizes in ``dims`` order."""
+    if shapes is None:
+        return prob.conformance_shapes()
+    return [dict(s) if isinstance(s, dict) else dict(zip(prob.dims, s)) for s in shapes]
+
+
+def conformance_cases(problem: str, seed: int = 0, shapes=None) -> list[CheckCase]:
     prob = registry.get_problem(problem)
     cases = []
-    for i, sizes in enumerate(shapes):
-        shape = dict(zip(prob.dims, sizes))
+    for i, shape in enumerate(_shapes(prob, shapes)):
         for j, (distribution, randomize) in enumerate(DISTRIBUTIONS):
             cases.append(CheckCase(shape, distribution, seed + 10 * i + j, randomize))
     return cases
 
 
 def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", precision: str = "fp32",
-                            params: dict | None = None, dtype=torch.float32, seed: int = 0, shapes=CONFORMANCE_SHAPES) -> None:
+                            params: dict | None = None, dtype=torch.float32, seed: int = 0, shapes=None) -> None:
     """Fail with the gate's reason unless ``variant`` passes on every conformance case, mode and autograd need."""
     prob = registry.get_problem(problem)
     variant_cls = registry.get_variant(problem, variant)
@@ -57,10 +60,10 @@ def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", 
     if reason is not None:
         pytest.skip(f"{problem}/{variant} cannot run here: {reason}")
     modes = ("train", "eval") if prob.mode_sensitive else ("train",)
-    for sizes in shapes:
+    for shape in _shapes(prob, shapes):
         # Configurations may depend on the shape (a row held in registers): each shape checks
         # the given one where it is valid, else that shape's default.
-        cases = conformance_cases(problem, seed, (sizes,))
+        cases = conformance_cases(problem, seed, (shape,))
         valid = variant_cls.configs(cases[0].shape, torch.device(device).type)
         if not valid or (params is not None and params not in valid):
             continue

@@ -26,8 +26,6 @@ from autofuse.problem import Problem, Tolerance
 from autofuse.variant import Variant
 
 FLOOR_FACTOR = 4.0
-# Odd sizes, a multiple of no tile, for the extra case every check runs.
-ODD_SIZES = (7, 37, 53)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +49,13 @@ class CheckResult:
 
 def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[CheckCase]:
     """The tuned shape under every distribution (default and randomized parameters) plus an odd small shape."""
-    batch_dim, in_dim, out_dim = problem.dims
-    odd = {batch_dim: ODD_SIZES[0], in_dim: ODD_SIZES[1], out_dim: ODD_SIZES[2]}
-    return [
+    cases = [
         CheckCase(dict(shape), "rand", seed, randomize=False),
         CheckCase(dict(shape), "randn", seed + 1, randomize=True),
         CheckCase(dict(shape), "large", seed + 2, randomize=True),
-        CheckCase(odd, "randn", seed + 3, randomize=True),
     ]
+    odd = problem.odd_shape(shape)
+    return cases if odd is None else cases + [CheckCase(odd, "randn", seed + 3, randomize=True)]
 
 
 def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
@@ -157,7 +154,8 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
     cache = {} if cache is None else cache
     worst = 0.0
     for i, case in enumerate(cases):
-        if mode == "train" and problem.mode_sensitive and case.shape[problem.dims[0]] < problem.min_train_batch:
+        batch = case.shape.get(problem.batch_dim, problem.min_train_batch)
+        if mode == "train" and problem.mode_sensitive and batch < problem.min_train_batch:
             continue
         if variant.params not in type(variant).configs(case.shape, device.type):
             continue  # a configuration made for other sizes (a row held in registers) is not run here

@@ -218,6 +218,25 @@ def _chart(report: BenchReport, path: pathlib.Path) -> pathlib.Path | None:
     return path
 
 
+def _summary(reports: list[BenchReport]) -> list[str]:
+    """One line per report: the tuned dispatch, the fastest variant and torch.compile, each over the floor."""
+    lines = ["## Summary: time over the floor", "",
+             "| problem | shape | precision, mode | autofuse dispatch | fastest variant | torch.compile | eager |",
+             "|---|---|---|---|---|---|---|"]
+    for report in reports:
+        def over(row):
+            ratio = report.ratio(row, FLOOR) if row is not None else None
+            return f"{ratio:.3f}" if ratio else "-"
+        variants = [r for r in report.rows if r.role == "variant" and r.timing is not None]
+        fastest = min(variants, key=lambda r: r.timing.median_ms, default=None)
+        dispatch = report.row("autofuse dispatch")
+        lines.append(f"| {report.problem} | {shape_key(report.shape)} | {report.precision}, {report.mode} | "
+                     f"{over(dispatch)} ({dispatch.note if dispatch else '-'}) | "
+                     f"{over(fastest)} ({fastest.candidate if fastest else '-'}) | "
+                     f"{over(report.row('torch.compile'))} | {over(report.row('eager'))} |")
+    return lines + [""]
+
+
 def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path], relative_to: pathlib.Path) -> str:
     """BENCHMARKS.md: what ran where, and every number as measured."""
     device = reports[0].device if reports else {}
@@ -230,6 +249,7 @@ def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path
         "Medians of interleaved runs (L2 flushed between repetitions), p20-p80 in brackets; "
         "`x floor` is time over the floor (1.00 = as fast as the floor).", "",
     ]
+    lines += _summary(reports)
     for report in reports:
         lines += [f"## {report.problem} {shape_key(report.shape)} ({report.precision}, {report.mode})", "",
                   "| candidate | params | median ms | p20-p80 | speedup vs eager | x floor | note |",

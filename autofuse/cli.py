@@ -199,7 +199,8 @@ def _bench_markdown_from_out(args) -> None:
         raise AutofuseError(f"--from-out: no bench reports (*.json) in {args.out}")
     target = pathlib.Path(args.markdown)
     charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
-    command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
+    command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench --from-out ..."
+    command += f"` from the reports that earlier `autofuse bench` runs saved in `{args.out}"
     target.write_text(markdown(reports, command, charts, target.parent))
     print(f"wrote {target} from {len(reports)} reports in {args.out}")
 

@@ -57,4 +57,6 @@ def test_markdown_is_rewritten_from_saved_reports_of_several_runs(tmp_path):
     text = target.read_text()
     assert "(fp32, any)" in text and "(bf16, any)" in text
     assert text.count("| eager | - |") == 2
+    summary = text.split("## Summary: time over the floor")[1].split("\n## ")[0]
+    assert summary.count("| gemm_avgpool_gelu_residual |") == 2 and "| fp32, any |" in summary
     assert main(["bench", "--from-out", "--out", str(tmp_path / "empty")]) == 2  # no --markdown named

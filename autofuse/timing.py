@@ -109,9 +109,9 @@ def _time_reps(fn: Callable[[], object], device: torch.device, flush: bool, reps
 def _no_gc():
     """No garbage collection while timing, as timeit does: a collection stalls the host, and a
     kernel of tens of µs then waits on its launch. (H200, 51's single_pass at (2048, 8192): the
-    tuning worker measured 0.073 ms before this and 0.041 after, one run each; a later bench run
-    in a fresh process measured 0.078 with it, so small-kernel timing still drifts 2x between
-    runs for reasons not yet pinned down: tests/device/NOTES.md.)"""
+    tuning worker measured 0.073 ms before this and 0.041 after, one run each.) It was not
+    enough: host stalls still reached the device timeline until ``_prime`` kept the queue ahead;
+    what remains in the tuning worker is open in tests/device/NOTES.md."""
     enabled = gc.isenabled()
     gc.disable()
     try:

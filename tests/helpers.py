@@ -1,15 +1,29 @@
-"""The one assert helper the runtime and semantics tests share, and their model/table builders."""
+"""The one assert helper the runtime and semantics tests share, their model/table builders,
+and the way tests register plugins of their own."""
 
 import copy
+import os
+import pathlib
 
 import torch
 
-from autofuse import registry
+from autofuse import plugins, registry
 from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
 
 # (batch, in, out) small enough that a whole file runs in seconds on two CPU cores.
 SMALL = (8, 12, 10)
 PROBLEMS = ["gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"]
+PLUGIN_DIR = str(pathlib.Path(__file__).parent / "plugins")
+
+
+def use_test_plugins(monkeypatch, modules: str, folder: str = PLUGIN_DIR) -> None:
+    """Register the plugin modules ``modules`` (comma-separated, in ``folder``) through
+    AUTOFUSE_PLUGINS, in this process and in the worker subprocesses it starts (PYTHONPATH).
+    The caller resets the plugin manager again once ``monkeypatch`` has undone this."""
+    monkeypatch.syspath_prepend(folder)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([folder, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", modules)
+    plugins.reset_plugin_manager()
 
 
 def assert_close(got, want, tol=None, *, atol=0.0, rtol=0.0, what="output", shown=5):

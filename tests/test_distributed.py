@@ -2,7 +2,6 @@
 
 import collections
 import os
-import pathlib
 import random
 import subprocess
 import sys
@@ -15,8 +14,8 @@ import autofuse
 from autofuse import plugins, shared
 from autofuse.storage import masked, open_storage
 from autofuse.table import DispatchTable
+from helpers import use_test_plugins
 
-PLUGIN_DIR = str(pathlib.Path(__file__).parent / "plugins")
 PROBLEM = "matmul_gelu_softmax"
 CONFIGS = 10  # eager, simplified and knobs k=0..7
 POSTGRES_URL = os.environ.get("AUTOFUSE_TEST_POSTGRES_URL")
@@ -25,10 +24,7 @@ POSTGRES_URL = os.environ.get("AUTOFUSE_TEST_POSTGRES_URL")
 @pytest.fixture
 def knobs(monkeypatch):
     """The `knobs` test variant (eight configurations) registered, here and in subprocesses."""
-    monkeypatch.syspath_prepend(PLUGIN_DIR)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("AUTOFUSE_PLUGINS", "knob_variants")
-    plugins.reset_plugin_manager()
+    use_test_plugins(monkeypatch, "knob_variants")
     yield
     monkeypatch.delenv("AUTOFUSE_PLUGINS")
     plugins.reset_plugin_manager()

@@ -15,7 +15,7 @@ from autofuse import kernelbench, plugins, registry
 from autofuse.cli import main
 from autofuse.export import export_kernelbench
 from autofuse.testing import assert_variant_conforms
-from helpers import assert_close, record
+from helpers import assert_close, record, use_test_plugins
 
 FILES = pathlib.Path(__file__).parent / "kernelbench"
 CONV = FILES / "conv2d_relu_biasadd.py"  # KernelBench level 2, problem 1, small sizes
@@ -70,10 +70,7 @@ def no_file_problems(monkeypatch):
 def conv_plugin(tmp_path, monkeypatch):
     """A plugin adding a correct and a wrong variant for the conv file, also for worker subprocesses."""
     (tmp_path / "kb_conv_plugin.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("AUTOFUSE_PLUGINS", "kb_conv_plugin")
-    plugins.reset_plugin_manager()
+    use_test_plugins(monkeypatch, "kb_conv_plugin", str(tmp_path))
 
 
 def write(tmp_path, name, source):

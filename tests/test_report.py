@@ -3,7 +3,6 @@ hand-made entries that are stale in each way, checked in its HTML and in a headl
 
 import copy
 import html.parser
-import os
 import pathlib
 import struct
 import subprocess
@@ -16,9 +15,9 @@ from autofuse import plugins, registry
 from autofuse.cli import main
 from autofuse.report import write_report
 from autofuse.table import DispatchTable, current_fingerprint
+from helpers import use_test_plugins
 from conftest import CHROMIUM
 
-PLUGIN_DIR = str(pathlib.Path(__file__).parent / "plugins")
 SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
 TUNED = "batch_size=16,in_features=48,out_features=40"
 OTHER_GPU = {"kind": "cuda", "name": "NVIDIA Imaginary X1", "capability": "9.0", "sm_count": 7, "cuda": "13.0",
@@ -41,10 +40,7 @@ def tuned(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOFUSE_HOME", str(home))
-        mp.syspath_prepend(PLUGIN_DIR)
-        mp.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
-        mp.setenv("AUTOFUSE_PLUGINS", "broken_variants,report_variants")
-        plugins.reset_plugin_manager()
+        use_test_plugins(mp, "broken_variants,report_variants")
         try:
             autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=1, progress=False, trial_timeout=60,
                           variants=["eager", "simplified", "row_blocks", "raises", "wrong", "compile_error"])

@@ -1,8 +1,6 @@
 """The tuner end to end on CPU: outcomes of broken candidates, resume, the table, concurrency."""
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -13,17 +11,14 @@ import autofuse
 from autofuse import plugins
 from autofuse.outcome import Outcome
 from autofuse.table import DispatchTable
+from helpers import use_test_plugins
 
-PLUGIN_DIR = str(pathlib.Path(__file__).parent / "plugins")
 SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
 
 
 @pytest.fixture
 def broken_plugins(monkeypatch):
-    monkeypatch.syspath_prepend(PLUGIN_DIR)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("AUTOFUSE_PLUGINS", "broken_variants")
-    plugins.reset_plugin_manager()
+    use_test_plugins(monkeypatch, "broken_variants")
     yield
     monkeypatch.delenv("AUTOFUSE_PLUGINS")
     plugins.reset_plugin_manager()
@@ -133,10 +128,7 @@ def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_pa
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_an_illegal_memory_access_is_recorded_and_the_tune_goes_on_in_a_fresh_worker(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(PLUGIN_DIR)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("AUTOFUSE_PLUGINS", "broken_cuda")
-    plugins.reset_plugin_manager()
+    use_test_plugins(monkeypatch, "broken_cuda")
     try:
         [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cuda", table=tmp_path / "t.json", seed=1,
                                  variants=["illegal_access", "eager", "cuda_tiled"], autograd_entry=False,

@@ -70,14 +70,34 @@ def _prime(device: torch.device, calls: int) -> None:
     """
     index = _device_index(device)
     if index not in _cycles_per_ms:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        torch.cuda.synchronize(device)
-        _cycles_per_ms[index] = 1_000_000 / max(start.elapsed_time(end), 1e-3)
+        _cycles_per_ms[index] = _sleep_rate(_measure_sleep_ms)
     hold_ms = min(PRIME_MAX_MS, PRIME_MS_PER_CALL * calls + 0.2)
     torch.cuda._sleep(int(_cycles_per_ms[index] * hold_ms))
+
+
+SLEEP_CALIBRATION_CYCLES = 1_000_000
+
+
+def _measure_sleep_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SLEEP_CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _sleep_rate(measure_ms: Callable[[], float], readings: int = 5) -> float:
+    """Cycles per millisecond of the sleep kernel: the fastest of ``readings`` timed sleeps.
+
+    The first sleep of a process may run while the device is still at its idle clock: on an
+    H100 one read 3.1 ms for 10⁶ cycles (323 MHz) where the clocked-up device takes 0.5 ms, and
+    that process then held the stream for a sixth of what it meant to, so host stalls reached
+    the timings again. The clock only rises while the sleeps run, so the fastest reading is
+    the working clock; a hold computed from it can only err on the long side, which is harmless.
+    """
+    fastest_ms = min(measure_ms() for _ in range(readings))
+    return SLEEP_CALIBRATION_CYCLES / max(fastest_ms, 1e-3)
 
 
 def _time_reps(fn: Callable[[], object], device: torch.device, flush: bool, reps: int) -> list[float]:
@@ -110,8 +130,8 @@ def _no_gc():
     """No garbage collection while timing, as timeit does: a collection stalls the host, and a
     kernel of tens of µs then waits on its launch. (H200, 51's single_pass at (2048, 8192): the
     tuning worker measured 0.073 ms before this and 0.041 after, one run each.) It was not
-    enough: host stalls still reached the device timeline until ``_prime`` kept the queue ahead;
-    what remains in the tuning worker is open in tests/device/NOTES.md."""
+    enough: host stalls still reached the device timeline until ``_prime`` kept the queue ahead
+    (with a hold calibrated at the working clock, see ``_sleep_rate``)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -4,6 +4,7 @@ import pytest
 
 from autofuse.outcome import Outcome, TrialResult
 from autofuse.selection import Row, pick_simplest_within_noise
+from autofuse import timing
 from autofuse.timing import Timing, time_callable, time_interleaved
 
 # Recorded on an NVIDIA H200 (torch 2.11, fp32) by `autofuse tune` at the default shapes, 2026-11-22.
@@ -69,3 +70,10 @@ def test_a_long_upper_tail_does_not_hide_a_large_win():
     tiled = _row("cuda_tiled", 4, Timing(0.05392, 0.05312, 0.0736, 150))
     assert pick_simplest_within_noise([simplified, epilogue, tiled]).variant == "cuda_tiled"
     assert pick_simplest_within_noise([simplified, epilogue]).variant == "simplified"  # p80 0.127 > 0.096
+
+
+def test_sleep_calibration_reads_the_working_clock_not_the_idle_one():
+    # H100: the first 10⁶-cycle sleep of a process read 3.1 ms (idle clock), later ones 0.5 ms.
+    readings = iter([3.1, 0.9, 0.52, 0.5, 0.51])
+    rate = timing._sleep_rate(lambda: next(readings))
+    assert rate == pytest.approx(timing.SLEEP_CALIBRATION_CYCLES / 0.5)

@@ -1,12 +1,13 @@
 """``matmul_clamp_lse_mish``, cuBLAS + one fused epilogue kernel.
 
 y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
-tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``;
-under bf16 the weight's bfloat16 copy is cached and the bias is added by the kernel below).
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+Under bf16 the weight's bfloat16 copy is cached, y is cuBLAS's bfloat16 result (half the
+bytes to read back) and the bias is added by the kernel below.
 Then one kernel, one block of AF_BLOCK threads per row, does everything after it in one read
-of y: clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is exact), the running
-(max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and z·mish(z) into the
-(batch, 1) output. NaN propagates as in torch.clamp and torch.logsumexp. So the time is the
+of y (16-byte loads): clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is
+exact), the running (max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and
+z·mish(z) into the (batch, 1) output. NaN propagates as in torch.clamp and torch.logsumexp. So the time is the
 GEMM's plus one read of the (batch × out) logits. Kernel: csrc/clamp_lse_mish_rows.cu.
 """
 
@@ -25,7 +26,7 @@ class CublasEpilogueClampLseMish(CudaVariant):
     kind = "cublas_epilogue"
     description = "addmm through cuBLAS, then one row kernel: clamp + stable logsumexp + z·mish(z)"
     source = "csrc/clamp_lse_mish_rows.cu"
-    launchers = {"af_clamp_lse_mish_rows": ("ptr", "ptr", "ptr", "float", "float", "float", "int", "int")}
+    launchers = {"af_clamp_lse_mish_rows": ("ptr", "int", "ptr", "ptr", "float", "float", "float", "int", "int")}
 
     @classmethod
     def configs(cls, shape, device):
@@ -39,7 +40,8 @@ class CublasEpilogueClampLseMish(CudaVariant):
         y, bias = linear_deferring_bias(x, self.gemm_weight(lin.weight), b, self.precision)
         y = y.contiguous()
         out = torch.empty(x.shape[0], 1, device=x.device)
-        self.launch("af_clamp_lse_mish_rows", y, bias, out, t, lo, hi, x.shape[0], n_out, device=x.device)
+        self.launch("af_clamp_lse_mish_rows", y, int(y.dtype == torch.bfloat16), bias, out, t, lo, hi, x.shape[0], n_out,
+                    device=x.device)  # fmt: skip
         return out
 
 

@@ -28,12 +28,17 @@ from autofuse.variant import EagerVariant
 from autofuse.verify import CheckCase, build_case, check_cases, check_variant
 
 FLOOR = "floor"
+# The project's targets, time over the floor at the default shapes (published in BENCHMARKS.md).
+TARGETS = {"gemm": {"fp32": 1.03, "tf32": 1.10, "bf16": 1.15}, "memory": {"fp32": 1.5, "tf32": 1.5, "bf16": 1.5}}
+# A hand-written file in the results folder that says why targets were missed; the Markdown
+# report includes it after the summary, so the explanation travels with the numbers it explains.
+ANALYSIS_FILE = "analysis.md"
 
 
 @dataclasses.dataclass
 class BenchRow:
     candidate: str
-    role: str  # baseline, variant, dispatch or floor
+    role: str  # baseline, variant, dispatch, floor, or reference (a part of the work, for scale)
     params: dict
     timing: Timing | None = None
     note: str = ""
@@ -98,6 +103,10 @@ def _bench_shape(prob, shape, device, precision, mode, table, rounds, use_compil
         add(*_variant_row(prob, cls, shape, device, precision, mode, entry, x, model))
     add(*_dispatch_row(prob, shape, model, x, precision, table))
     add(*_floor_row(prob, shape, model, x, device, precision))
+    if precision == "bf16" and prob.floor == "gemm":
+        add(BenchRow("cast x to bf16", "reference", {},
+                     note="the input's cast alone: a float32-input variant pays it on top of the floor"),
+            x.bfloat16)  # fmt: skip
     with torch.no_grad():
         timings = time_interleaved(calls, device, rounds=rounds)
     for row in rows:
@@ -218,11 +227,26 @@ def _chart(report: BenchReport, path: pathlib.Path) -> pathlib.Path | None:
     return path
 
 
+def _target(report: BenchReport) -> float | None:
+    try:
+        floor_kind = registry.get_problem(report.problem).floor
+    except Exception:  # noqa: BLE001 - a report of a problem whose plugin is not installed here
+        return None
+    return TARGETS[floor_kind].get(report.precision)
+
+
+def _verdict(ratio: float | None, target: float | None) -> str:
+    if ratio is None or target is None:
+        return "-"
+    return "met" if ratio <= target else f"missed by {100 * (ratio / target - 1):.1f}%"
+
+
 def _summary(reports: list[BenchReport]) -> list[str]:
-    """One line per report: the tuned dispatch, the fastest variant and torch.compile, each over the floor."""
+    """One line per report: the tuned dispatch, the fastest variant and torch.compile, each over
+    the floor, and the dispatch against the target."""
     lines = ["## Summary: time over the floor", "",
-             "| problem | shape | precision, mode | autofuse dispatch | fastest variant | torch.compile | eager |",
-             "|---|---|---|---|---|---|---|"]
+             "| problem | shape | precision, mode | target | autofuse dispatch | verdict | fastest variant | torch.compile | eager |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for report in reports:
         def over(row):
             ratio = report.ratio(row, FLOOR) if row is not None else None
@@ -230,15 +254,19 @@ def _summary(reports: list[BenchReport]) -> list[str]:
         variants = [r for r in report.rows if r.role == "variant" and r.timing is not None]
         fastest = min(variants, key=lambda r: r.timing.median_ms, default=None)
         dispatch = report.row("autofuse dispatch")
+        target = _target(report)
+        verdict = _verdict(report.ratio(dispatch, FLOOR) if dispatch else None, target)
         lines.append(f"| {report.problem} | {shape_key(report.shape)} | {report.precision}, {report.mode} | "
-                     f"{over(dispatch)} ({dispatch.note if dispatch else '-'}) | "
-                     f"{over(fastest)} ({fastest.candidate if fastest else '-'}) | "
+                     f"{f'{target:.2f}' if target else '-'} | {over(dispatch)} ({dispatch.note if dispatch else '-'}) | "
+                     f"{verdict} | {over(fastest)} ({fastest.candidate if fastest else '-'}) | "
                      f"{over(report.row('torch.compile'))} | {over(report.row('eager'))} |")
     return lines + [""]
 
 
-def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path], relative_to: pathlib.Path) -> str:
-    """BENCHMARKS.md: what ran where, and every number as measured."""
+def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path], relative_to: pathlib.Path,
+             analysis: str | None = None) -> str:
+    """BENCHMARKS.md: what ran where, every number as measured, and ``analysis`` (hand-written:
+    why targets were missed) after the summary."""
     device = reports[0].device if reports else {}
     lines = [
         "# Benchmarks", "",
@@ -250,6 +278,8 @@ def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path
         "`x floor` is time over the floor (1.00 = as fast as the floor).", "",
     ]
     lines += _summary(reports)
+    if analysis:
+        lines += [analysis.strip(), ""]
     for report in reports:
         lines += [f"## {report.problem} {shape_key(report.shape)} ({report.precision}, {report.mode})", "",
                   "| candidate | params | median ms | p20-p80 | speedup vs eager | x floor | note |",

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
     bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
     bench.add_argument("--from-out", action="store_true",
-                       help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision)")
+                       help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision), with the hand-written analysis.md there, if any")
     bench.set_defaults(run=_bench)
 
     report = commands.add_parser("report", help="write an HTML report of the dispatch table: times, charts, tuning histories, stale entries")
@@ -190,7 +190,7 @@ def _bench(args) -> None:
 def _bench_markdown_from_out(args) -> None:
     import pathlib
 
-    from autofuse.bench import load, markdown
+    from autofuse.bench import ANALYSIS_FILE, load, markdown
 
     if not args.markdown:
         raise AutofuseError("--from-out writes a Markdown report: name it with --markdown FILE")
@@ -201,7 +201,9 @@ def _bench_markdown_from_out(args) -> None:
     charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
     command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench --from-out ..."
     command += f"` from the reports that earlier `autofuse bench` runs saved in `{args.out}"
-    target.write_text(markdown(reports, command, charts, target.parent))
+    analysis = pathlib.Path(args.out) / ANALYSIS_FILE
+    target.write_text(markdown(reports, command, charts, target.parent,
+                               analysis.read_text() if analysis.exists() else None))
     print(f"wrote {target} from {len(reports)} reports in {args.out}")
 
 

@@ -52,11 +52,30 @@ def test_markdown_is_rewritten_from_saved_reports_of_several_runs(tmp_path):
     out = tmp_path / "out"
     for precision in ("fp32", "bf16"):  # two runs into one folder, as one per precision on the GPU
         save(bench("gemm_avgpool_gelu_residual", SMALL, device="cpu", precision=precision, use_compile=False, rounds=2), out)
+    (out / "analysis.md").write_text("## Why\n\nThe cast of x costs what it costs.\n")
     target = tmp_path / "B.md"
     assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
     text = target.read_text()
+    assert text.index("## Summary") < text.index("## Why\n\nThe cast of x") < text.index("## gemm_avgpool")
     assert "(fp32, any)" in text and "(bf16, any)" in text
     assert text.count("| eager | - |") == 2
     summary = text.split("## Summary: time over the floor")[1].split("\n## ")[0]
-    assert summary.count("| gemm_avgpool_gelu_residual |") == 2 and "| fp32, any |" in summary
+    assert summary.count("| gemm_avgpool_gelu_residual |") == 2 and "| fp32, any | 1.50 |" in summary
     assert main(["bench", "--from-out", "--out", str(tmp_path / "empty")]) == 2  # no --markdown named
+
+
+def test_bf16_bench_shows_the_input_cast_and_the_verdict_against_the_target(tmp_path):
+    [report] = bench("matmul_clamp_lse_mish", {"batch_size": 8, "input_size": 32, "hidden_size": 24}, device="cpu",
+                     precision="bf16", table=tmp_path / "t.json", use_compile=False, rounds=2)
+    cast = report.row("cast x to bf16")
+    assert cast.role == "reference" and cast.timing is not None
+    summary = markdown([report], "autofuse bench x", [], tmp_path).split("## Summary")[1].split("\n## ")[0]
+    assert "| bf16, any | 1.15 |" in summary
+
+
+@pytest.mark.parametrize("ratio,target,verdict", [(1.02, 1.03, "met"), (1.03, 1.03, "met"), (1.133, 1.10, "missed by 3.0%"),
+                                                  (None, 1.10, "-"), (1.2, None, "-")])
+def test_verdict_says_by_how_much_a_target_is_missed(ratio, target, verdict):
+    from autofuse.bench import _verdict
+
+    assert _verdict(ratio, target) == verdict

@@ -52,6 +52,31 @@ def test_every_cuda_variant_and_a_spread_of_templated_configs_compile(sm90):
     assert not failures, failures
 
 
+@pytest.mark.nvcc
+def test_every_gemm_bn_epilogue_configuration_compiles(sm90):
+    # Batch 2 is offered every strip width and the two-kernel path.
+    cls = registry.get_variant("gemm_bn", "cublas_epilogue")
+    configs = cls.configs({"batch_size": 2, "in_features": 37, "out_features": 53}, "cuda")
+    assert {c["strip_cols"] for c in configs} == {0, 8, 16, 32}
+    builds = {cls("fp32", **params).kernel_build("cuda"): str(params) for params in configs}
+    failures = {builds[kb]: str(r)[-1500:] for kb, r in build_many(list(builds)).items() if isinstance(r, BuildError)}
+    assert not failures, failures
+
+
+def test_gemm_bn_epilogue_strips_fit_the_shared_memory_they_are_offered():
+    cls = registry.get_variant("gemm_bn", "cublas_epilogue")
+    for batch in (2, 37, 1024, 1600, 1601, 2048, 6400, 6401, 16384):
+        configs = cls.configs({"batch_size": batch, "in_features": 8, "out_features": 8192}, "cuda")
+        two_pass = [c for c in configs if c["strip_cols"] == 0]
+        assert len(two_pass) == 3 and len(configs) == len({tuple(c.items()) for c in configs}), batch
+        for c in configs:
+            assert batch * c["strip_cols"] * 4 <= 200 * 1024, (batch, c)
+    big = cls.configs({"batch_size": 16384, "in_features": 4096, "out_features": 4096}, "cuda")
+    assert big[0]["strip_cols"] == 0  # no strip holds 16384 rows: the two kernels are the default
+    small = cls.configs({"batch_size": 1024, "in_features": 8192, "out_features": 8192}, "cuda")
+    assert small[0] == {"strip_cols": 16, "block": 512}  # 64 KB strips, 3 resident blocks per SM
+
+
 def test_every_kernel_source_belongs_to_a_registered_variant():
     used = {cls.source_path().resolve() for _, _, cls in cuda_variants()}
     sources = {p.resolve() for p in (ROOT / "variants").glob("*/csrc/*.cu")}

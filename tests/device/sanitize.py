@@ -1,5 +1,6 @@
 """One small, odd-shaped run of every CUDA variant (default and a small templated config), for
-``compute-sanitizer --tool memcheck python3 tests/device/sanitize.py [problem ...]``."""
+``compute-sanitizer --tool memcheck python3 tests/device/sanitize.py [problem ...] [--all-configs]``
+(``--all-configs``: every configuration a variant offers at that shape, not one or two)."""
 
 import sys
 
@@ -8,7 +9,8 @@ import torch
 from autofuse import registry
 from autofuse.verify import CheckCase, build_case
 
-problems = sys.argv[1:] or sorted(registry.problems())
+all_configs = "--all-configs" in sys.argv
+problems = [a for a in sys.argv[1:] if a != "--all-configs"] or sorted(registry.problems())
 for name in problems:
     prob = registry.get_problem(name)
     shape = dict(zip(prob.dims, (37, 100, 77)))
@@ -20,7 +22,8 @@ for name in problems:
             configs = cls.configs(shape, "cuda")
             # bf16 takes other paths in the epilogue kernels (the bias added there, not by cuBLAS)
             precisions = [p for p in ("fp32", "bf16") if cls.admits("cuda", torch.float32, p, False) is None]
-            for params in configs[:1] + [c for c in configs[1:] if c.get("bm") == 32 and c.get("vec") == 1][:1]:
+            chosen = configs if all_configs else configs[:1] + [c for c in configs[1:] if c.get("bm") == 32 and c.get("vec") == 1][:1]
+            for params in chosen:
                 for precision in precisions:
                     variant = cls(precision, **params)
                     variant.build("cuda")

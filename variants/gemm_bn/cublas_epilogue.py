@@ -2,11 +2,21 @@
 
 Training (batch statistics). z = x·Wᵀ without the bias is one cuBLAS call through torch (the
 bias cancels in z − μ; under tf32 or bf16 the GEMM uses what that precision admits, see
-``autofuse.precision.linear``). Then two kernels: column statistics (Welford per thread,
-Chan's merge across threads and chunks of rows: stable at any mean), which also writes
-coef = s·γ/√(s²·σ²_z + eps) and updates the running statistics exactly as nn.BatchNorm1d
-does (see ``cuda_gemm``'s docstring), and the normalize pass out = (z − μ_z)·coef + β in
-place. So the time is the GEMM's plus two passes over z. Needs batch >= 2.
+``autofuse.precision.linear``). The epilogue computes per column μ_z and
+coef = s·γ/√(s²·σ²_z + eps), updates the running statistics exactly as nn.BatchNorm1d does
+(see ``cuda_gemm``'s docstring) and rewrites z ← (z − μ_z)·coef + β in place, on one of two paths
+(the configuration's ``strip_cols``):
+
+* strip-resident (``strip_cols`` C > 0, batches whose batch×C strip fits in shared memory): one
+  kernel, a block per strip of C columns holds the strip on chip, takes the exact two-pass
+  statistics from shared memory and writes the normalised strip back. The time is the GEMM's
+  plus one read and one write of z.
+* two kernels (``strip_cols`` 0, and the fallback of any strip configuration when the device
+  cannot hold the batch): column statistics from shifted sums per chunk of rows, merged across
+  chunks with Chan's update (stable at any mean, never E[z²] − E[z]²), then the normalize pass.
+  The time is the GEMM's plus two reads and one write of z.
+
+Needs batch >= 2.
 
 Eval (running statistics). The whole block is one linear layer: W' = W·k[:, None], b' = shift
 with k, shift as in ``cuda_gemm``; folded once (cached until a parameter or running statistic
@@ -35,21 +45,56 @@ from autofuse.variants.gemm_bn.cuda_gemm import (
 )
 
 
+# Shared memory a strip may take: configs() sees no device, so this stays under H100's opt-in
+# limit per block (227 KB) with room for the kernel's reduction buffers (at most 4.5 KB); a
+# device that allows less (A100: 163 KB) falls back to the two kernels at run time
+# (af_bn_strip_fits), still correct.
+STRIP_BYTES = 200 * 1024
+STRIP_EXTRA_BYTES = 1024 + 4608  # per block: the 1 KB the SM reserves, the kernel's reduction buffers
+SM_SHARED_BYTES = 228 * 1024  # per SM on H100
+# (strip_cols, block): 8192/C strips over 132 SMs; threads × resident blocks stay <= 2048 per SM
+# at the strip sizes where each pairing is first in line (batch 1024: C=16 is 64 KB, 3 blocks).
+# The order is occupancy arithmetic, not yet a measurement: the tuner times them all.
+STRIPS = ((16, 512), (8, 256), (32, 1024), (16, 256), (8, 512), (32, 512))
+TWO_PASS_BLOCKS = (256, 128, 512)
+
+
+def strip_blocks_per_sm(batch: int, cols: int) -> int:
+    """How many strip blocks of ``batch`` rows an H100 SM holds at once (shared memory only)."""
+    return SM_SHARED_BYTES // (batch * cols * 4 + STRIP_EXTRA_BYTES)
+
+
+def train_configs(batch: int) -> list[dict]:
+    """Strip configurations that hold ``batch`` rows (those with >= 2 resident blocks per SM
+    first, so loads of one block overlap another's statistics), then the two-kernel path,
+    which every batch has."""
+    strips = [{"strip_cols": c, "block": b} for c, b in STRIPS if batch * c * 4 <= STRIP_BYTES]
+
+    def rank(cfg):  # one resident block per SM: the larger block keeps more loads in flight
+        alone = strip_blocks_per_sm(batch, cfg["strip_cols"]) < 2
+        return alone, -cfg["block"] if alone else 0
+
+    strips.sort(key=rank)  # stable: STRIPS order within a rank
+    return strips + [{"strip_cols": 0, "block": b} for b in TWO_PASS_BLOCKS]
+
+
 class CublasEpilogueGemmBn(CudaVariant):
     name = "cublas_epilogue"
     problem = "gemm_bn"
     kind = "cublas_epilogue"
-    description = "train: cuBLAS GEMM, column statistics + running stats, normalize in place; eval: folded addmm"
+    description = ("train: cuBLAS GEMM, then the column strip held on chip (or statistics + normalize passes), "
+                   "running stats, z normalised in place; eval: folded addmm")
     source = "csrc/bn_epilogue.cu"
     launchers = {"af_bn_train": ("ptr",) * 13 + ("float", "float", "int", "int")}
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._folded = FoldCache()
+        self._arrivals = {}  # (device index, stream) -> the two-kernel path's arrival counters
 
     @classmethod
     def configs(cls, shape, device):
-        return [{"block": b} for b in (256, 128, 512)]
+        return train_configs(shape["batch_size"])
 
     @classmethod
     def source_hash(cls) -> str:
@@ -70,16 +115,29 @@ class CublasEpilogueGemmBn(CudaVariant):
         ops = TrainOperands.of(model, x)
         batch, n_out = x.shape[0], w.shape[0]
         lib = self.library(x.device)
-        chunks, strips = lib.af_bn_chunks(batch), lib.af_bn_strips(n_out)
         z = linear(x, self.gemm_weight(model.gemm.weight), None, self.precision).contiguous()
-        part_count, part_mean, part_m2 = torch.empty(3, chunks, n_out, device=x.device)
-        col_mean, col_coef = torch.empty(2, n_out, device=x.device)
-        arrivals = torch.zeros(strips, dtype=torch.int32, device=x.device)  # per-strip arrival counters
+        work = (None,) * 6  # the strip kernel needs no workspace
+        if not lib.af_bn_strip_fits(batch, x.device.index):
+            part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=x.device)
+            col_mean, col_coef = torch.empty(2, n_out, device=x.device)
+            work = (part_count, part_mean, part_m2, self._arrival_counters(x.device, lib.af_bn_strips(n_out)),
+                    col_mean, col_coef)  # fmt: skip
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
         self.launch("af_bn_train", z, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean, ops.running_var,
-                    part_count, part_mean, part_m2, arrivals, col_mean, col_coef, ops.eps, factor, batch, n_out,
-                    device=x.device)  # fmt: skip
+                    *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
         return z
+
+    def _arrival_counters(self, device, strips):
+        """column_stats' per-strip counters, zeroed once when allocated, not by a memset launch per
+        call: the last block of each strip resets its counter. One buffer per (device, stream):
+        launches on one stream run in order, so no two calls count into one buffer at once.
+        Assumes a stream handle is not reused while work of a destroyed stream is still running."""
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        counters = self._arrivals.get(key)
+        if counters is None or counters.numel() < strips:
+            counters = torch.zeros(strips, dtype=torch.int32, device=device)
+            self._arrivals[key] = counters
+        return counters
 
     def _eval(self, model, x, w):
         weight, bias = self._folded.get(

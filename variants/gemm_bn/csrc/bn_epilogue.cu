@@ -1,43 +1,73 @@
 // gemm_bn, cuBLAS + BatchNorm epilogue (training mode): z = x·Wᵀ (no bias) comes from cuBLAS
-// through torch; two kernels finish out = (z − μ_z)·coef + β, coef = s·γ/√(s²·σ²_z + eps).
+// through torch; the kernels below finish out = (z − μ_z)·coef + β, coef = s·γ/√(s²·σ²_z + eps),
+// and update the running statistics as nn.BatchNorm1d does. Two paths:
 //
-// column_stats: a block per strip of 32 columns × chunk of rows, BLOCK threads as 32 columns ×
-//   BLOCK/32 row lanes (each warp reads one 128-byte line of a row). Each thread runs Welford
-//   over its rows, the lanes are merged with Chan's update and the chunk's partial stored; the
-//   last block of a strip to arrive (a device-scope counter) merges the strip's chunk partials,
-//   writes μ_z and coef and updates the running statistics as nn.BatchNorm1d does. Never
-//   E[z²] − E[z]²: Welford and Chan's merge keep the variance stable at any mean.
-// bn_normalize: z ← (z − μ_z)·coef + β in place, same coalesced layout.
+// Strip-resident (AF_STRIP_COLS = C > 0, batches whose M×C strip fits in shared memory): one
+//   block per strip of C columns loads the whole strip once, computes each column's mean and
+//   then Σ(v − mean)² from shared memory (an exact two-pass: stable at any mean, no divisions
+//   per element), finishes its columns and writes the normalised strip back. One launch, one
+//   read and one write of z.
+// Two kernels (AF_STRIP_COLS = 0, or a batch too tall for the strip):
+//   column_stats: a block per strip of 32 columns × chunk of rows. Each thread accumulates
+//     shifted sums Σd, Σd² (d = v − K, K the chunk's first value of the column), the block adds
+//     its threads' sums and stores the chunk's (count, mean, M2); the last block of a strip to
+//     arrive (a device-scope counter) merges the chunks with Chan's update, writes μ_z and coef
+//     and updates the running statistics. Never E[z²] − E[z]² (see column_stats).
+//   bn_normalize: z ← (z − μ_z)·coef + β in place.
+// Both read and write z as float4 when N % 4 == 0 and z is 16-byte aligned, scalars otherwise.
 #include "math.cuh"
+
+#include <atomic>
+#include <cstdint>
 
 #ifndef AF_BLOCK
 #define AF_BLOCK 256
 #endif
-constexpr int BLOCK = AF_BLOCK;
-constexpr int COLS = 32;              // one warp spans a strip's 32 columns
-constexpr int LANES = BLOCK / COLS;   // row lanes per block
-static_assert(BLOCK % COLS == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK is a multiple of 32 in [64, 1024]");
+#ifndef AF_STRIP_COLS
+#define AF_STRIP_COLS 0
+#endif
+constexpr int STRIP_COLS = AF_STRIP_COLS;  // 0: the two-kernel path only
+constexpr int STRIP_BLOCK = AF_BLOCK;
+constexpr int STRIP_WARPS = STRIP_BLOCK / 32;
+// The two-kernel path's block: AF_BLOCK when it is the configuration, the former default (256)
+// when it is only the fallback of a strip configuration for tall batches.
+constexpr int BLOCK = STRIP_COLS > 0 ? 256 : AF_BLOCK;
+constexpr int WARPS = BLOCK / 32;
+constexpr int COLS = 32;  // columns of a two-kernel strip: one 128-byte line of a row
+static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK is a multiple of 32 in [64, 1024]");
+static_assert(STRIP_COLS == 0 || STRIP_COLS == 8 || STRIP_COLS == 16 || STRIP_COLS == 32, "STRIP_COLS is 0, 8, 16 or 32");
+static_assert(STRIP_BLOCK % 32 == 0 && STRIP_BLOCK >= 64 && STRIP_BLOCK <= 1024, "AF_BLOCK is a multiple of 32 in [64, 1024]");
 
 // Chunks of rows per strip: enough blocks to fill the GPU (N/32 strips × up to 64 chunks: 8192
 // blocks at 16384×4096), and at least MIN_CHUNK_ROWS rows each so the cross-chunk merge stays small.
 constexpr int MAX_CHUNKS = 64, MIN_CHUNK_ROWS = 256;
-// Rows of one normalize block: each thread rewrites NORM_ROWS/LANES of them.
-constexpr int NORM_ROWS = 8 * LANES;
+constexpr int STATS_UNROLL = 4;  // independent loads in flight per thread in column_stats
+constexpr int NORM_UNROLL = 8;   // rows each bn_normalize thread loads before it writes any
 
 inline int stat_chunks(int M) { return max(1, min(af_ceil_div(M, MIN_CHUNK_ROWS), MAX_CHUNKS)); }
 
-// Welford's update with one value.
-__device__ __forceinline__ void welford(float& n, float& mean, float& m2, float v) {
-    n += 1.f;
-    const float d = v - mean;
-    mean += d / n;
-    m2 = fmaf(d, v - mean, m2);
+// VEC adjacent floats: one 16-byte access when VEC is 4 (the caller guarantees alignment).
+template <int VEC>
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[VEC]) {
+    if constexpr (VEC == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(p);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        v[0] = *p;
+    }
 }
 
-// Merge the LANES row lanes of each column; the result is valid in lane 0 (ly == 0). Ends
-// with a barrier so the shared buffers can be reused at once.
+template <int VEC>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
+    if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else *p = v[0];
+}
+
+// Merge the BLOCK/32 row lanes of each of 32 columns (thread = column tid % 32, lane tid / 32);
+// the result is valid in lane 0. Ends with a barrier so the shared buffers can be reused at once.
 struct LaneMerge {
-    float n[LANES][COLS], mean[LANES][COLS], m2[LANES][COLS];
+    static constexpr int LANES = BLOCK / 32;
+    float n[LANES][32], mean[LANES][32], m2[LANES][32];
 
     __device__ void run(float& cn, float& cmean, float& cm2, int cx, int ly) {
         n[ly][cx] = cn;
@@ -58,52 +88,209 @@ struct BnParams {
     const float* gamma;
     float* running_mean;  // null with running_var: no running-statistics update
     float* running_var;
-    float* col_mean;
-    float* col_coef;
     float eps;
     float factor;
 };
 
-// One column's final statistics: μ_z and coef for the normalize pass, and BatchNorm1d's running
-// statistics of y = (z + b)·s: mean s·(μ_z + b), unbiased variance s²·M2/(n − 1), lerped by factor.
-__device__ __forceinline__ void bn_column_finish(int col, float n, float mean, float m2, const BnParams& p) {
+// One column's final statistics: returns coef for the normalize step, and updates BatchNorm1d's
+// running statistics of y = (z + b)·s: mean s·(μ_z + b), unbiased variance s²·M2/(n − 1),
+// lerped by factor. Both paths finish their columns here, with one formula.
+__device__ __forceinline__ float bn_column_finish(int col, float n, float mean, float m2, const BnParams& p) {
     const float s = p.scale[col];
     const float var = m2 / n;  // biased: what BatchNorm normalises with
-    p.col_mean[col] = mean;
-    p.col_coef[col] = s * p.gamma[col] / sqrtf(s * s * var + p.eps);
     if (p.running_mean != nullptr) {
         const float keep = 1.f - p.factor;
         p.running_mean[col] = keep * p.running_mean[col] + p.factor * (s * (mean + p.bias[col]));
         p.running_var[col] = keep * p.running_var[col] + p.factor * (s * s * (m2 / (n - 1.f)));
     }
+    return s * p.gamma[col] / sqrtf(s * s * var + p.eps);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Strip-resident path.
+
+// Dynamic shared memory of one strip block: the M×C strip, then STRIP_WARPS×C partial sums and
+// the strip's per-column mean, coef and β. All of it dynamic (no static shared memory), so the
+// device's opt-in limit is the whole budget.
+inline size_t strip_bytes(int M) {
+    return ((size_t)M * STRIP_COLS + (size_t)(STRIP_WARPS + 3) * STRIP_COLS) * sizeof(float);
+}
+
+// Sum v over the threads that share column tid % C (C ≤ 32: a warp holds 32/C of them); every
+// thread gets its column's total. red holds STRIP_WARPS×C floats, out C. Ends with a barrier
+// after everyone has read out, so the caller may write red or out at once.
+template <int C>
+__device__ __forceinline__ float strip_column_sum(float v, float* red, float* out) {
+#pragma unroll
+    for (int offset = 16; offset >= C; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane < C) red[warp * C + lane] = v;  // lane < C: column lane, this warp's sum
+    __syncthreads();
+    if (threadIdx.x < C) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < STRIP_WARPS; ++w) total += red[w * C + threadIdx.x];
+        out[threadIdx.x] = total;
+    }
+    __syncthreads();
+    const float total = out[threadIdx.x % C];
+    __syncthreads();
+    return total;
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(STRIP_BLOCK)
+strip_bn(float* __restrict__ z, int M, int N, const float* __restrict__ beta, BnParams params) {
+    constexpr int C = STRIP_COLS > 0 ? STRIP_COLS : 32;  // 32: never launched, keeps the template valid
+    constexpr int PER_ROW = C / VEC;                      // threads (vectors) per strip row
+    constexpr int ROW_STEP = STRIP_BLOCK / PER_ROW;       // strip rows one pass of the block covers
+    constexpr int LANES = STRIP_BLOCK / C;                // row lanes per column in the statistics
+    extern __shared__ float4 smem_f4[];                   // float4: 16-byte aligned for vector access
+    float* strip = reinterpret_cast<float*>(smem_f4);     // [M][C], row-major
+    float* red = strip + (size_t)M * C;                   // [STRIP_WARPS][C]
+    float* col_mean = red + STRIP_WARPS * C;              // [C] each
+    float* col_coef = col_mean + C;
+    float* col_beta = col_coef + C;
+    const int col0 = blockIdx.x * C;
+    const int width = min(C, N - col0);  // columns of this strip inside z (a multiple of VEC)
+
+    // 1. Load the strip: PER_ROW threads read one row's C columns (C·4 bytes, ≥ one 32-byte
+    //    sector); four rows in flight per thread. Columns past N are zero (never written back).
+    const int c = (threadIdx.x % PER_ROW) * VEC;
+    const bool live = c < width;
+    for (int r = threadIdx.x / PER_ROW; r < M; r += 4 * ROW_STEP) {
+        float v[4][VEC];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int row = r + u * ROW_STEP;
+            if (live && row < M) load_vec<VEC>(z + (size_t)row * N + col0 + c, v[u]);
+            else
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) v[u][j] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (r + u * ROW_STEP < M) store_vec<VEC>(strip + (r + u * ROW_STEP) * C + c, v[u]);
+    }
+    __syncthreads();
+
+    // 2. Exact two-pass statistics from shared memory: thread (column sc, lane sl) reads rows
+    //    sl, sl + LANES, ...: a warp reads 32 consecutive floats (no bank conflicts).
+    const int sc = threadIdx.x % C, sl = threadIdx.x / C;
+    float sum = 0.f;
+    for (int r = sl; r < M; r += LANES) sum += strip[r * C + sc];
+    const float n = (float)M;
+    const float mean = strip_column_sum<C>(sum, red, col_mean) / n;
+    float m2 = 0.f;
+    for (int r = sl; r < M; r += LANES) {
+        const float d = strip[r * C + sc] - mean;
+        m2 = fmaf(d, d, m2);
+    }
+    m2 = strip_column_sum<C>(m2, red, col_coef);
+    if (threadIdx.x < C) {
+        const bool in = threadIdx.x < width;
+        col_mean[threadIdx.x] = mean;  // thread tid < C holds column tid (sc == tid)
+        col_coef[threadIdx.x] = in ? bn_column_finish(col0 + threadIdx.x, n, mean, m2, params) : 0.f;
+        col_beta[threadIdx.x] = in ? beta[col0 + threadIdx.x] : 0.f;
+    }
+    __syncthreads();
+
+    // 3. Write the normalised strip back, same layout as the load.
+    if (!live) return;
+    float mu[VEC], coef[VEC], b[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) mu[j] = col_mean[c + j], coef[j] = col_coef[c + j], b[j] = col_beta[c + j];
+    for (int r = threadIdx.x / PER_ROW; r < M; r += ROW_STEP) {
+        float v[VEC];
+        load_vec<VEC>(strip + r * C + c, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = fmaf(v[j] - mu[j], coef[j], b[j]);
+        store_vec<VEC>(z + (size_t)r * N + col0 + c, v);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-kernel path.
+
+// Add v over the threads that share column (VEC group) cx of a 32-column strip: COLS/VEC threads
+// per row, so a warp holds VEC·32/COLS row lanes of each column. Thread tid < COLS gets column tid's
+// total (valid only there). red holds WARPS×COLS floats; ends with a barrier.
+template <int VEC>
+__device__ __forceinline__ float strip32_sum(const float (&v)[VEC], float (&red)[WARPS][COLS]) {
+    constexpr int PER_ROW = COLS / VEC;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        float s = v[j];
+#pragma unroll
+        for (int offset = 16; offset >= PER_ROW; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+        if (lane < PER_ROW) red[warp][lane * VEC + j] = s;
+    }
+    __syncthreads();
+    float total = 0.f;
+    if (threadIdx.x < COLS) {
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) total += red[w][threadIdx.x];
+    }
+    __syncthreads();
+    return total;
+}
+
+// Shifted sums instead of Welford: d = v − K with K a value of the column (the chunk's first), so
+// Σd and Σd² are additive (no division per element, loads stay in flight, the block adds its
+// threads' sums without Chan merges) and M2 = Σd² − (Σd)²/n cancels only down from
+// Σd² = n·(σ² + (μ − K)²): about ε·(1 + (μ − K)²/σ²) relative error, and K, a sample of the
+// column, lies within a few σ of μ. Plain Σv² − (Σv)²/n loses ε·μ²/σ²: every digit when
+// |μ| ≫ σ (a large bias or offset). The chunks are then merged with Chan's update as before.
+template <int VEC>
 __global__ void __launch_bounds__(BLOCK)
 column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* part_count, float* part_mean,
-             float* part_m2, unsigned int* arrivals, BnParams params) {
+             float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, BnParams params) {
+    constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
+    __shared__ float red[WARPS][COLS];
+    __shared__ float shift[COLS];
     __shared__ LaneMerge merge;
     __shared__ bool last;
-    const int cx = threadIdx.x % COLS, ly = threadIdx.x / COLS;
-    const int col = blockIdx.x * COLS + cx;
+    const int cx = threadIdx.x % PER_ROW, ly = threadIdx.x / PER_ROW;
+    const int c0 = blockIdx.x * COLS + cx * VEC;  // this thread's first column; N % VEC == 0
     const int r0 = blockIdx.y * chunk_rows, r1 = min(M, r0 + chunk_rows);
-    float n = 0.f, mean = 0.f, m2 = 0.f;
-    if (col < N) {
-        // Four independent loads in flight per thread before the dependent Welford updates.
-        for (int r = r0 + ly; r < r1; r += 4 * LANES) {
-            float v[4];
+    float k[VEC], s1[VEC], s2[VEC];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = r + u * LANES < r1 ? z[(size_t)(r + u * LANES) * N + col] : 0.f;
+    for (int j = 0; j < VEC; ++j) k[j] = s1[j] = s2[j] = 0.f;
+    if (c0 < N && r0 < r1) {
+        load_vec<VEC>(z + (size_t)r0 * N + c0, k);
+        for (int r = r0 + ly; r < r1; r += STATS_UNROLL * LANES) {
+            float v[STATS_UNROLL][VEC];
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (r + u * LANES < r1) welford(n, mean, m2, v[u]);
+            for (int u = 0; u < STATS_UNROLL; ++u)
+                if (r + u * LANES < r1) load_vec<VEC>(z + (size_t)(r + u * LANES) * N + c0, v[u]);
+#pragma unroll
+            for (int u = 0; u < STATS_UNROLL; ++u)
+                if (r + u * LANES < r1) {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        const float d = v[u][j] - k[j];
+                        s1[j] += d;
+                        s2[j] = fmaf(d, d, s2[j]);
+                    }
+                }
+        }
+        if (ly == 0) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) shift[cx * VEC + j] = k[j];
         }
     }
-    merge.run(n, mean, m2, cx, ly);
-    if (ly == 0 && col < N) {
+    const float sum1 = strip32_sum<VEC>(s1, red);  // its barriers also publish shift[]
+    const float sum2 = strip32_sum<VEC>(s2, red);
+    const int col = blockIdx.x * COLS + threadIdx.x;  // meaningful for threadIdx.x < COLS
+    if (threadIdx.x < COLS && col < N) {
+        const float n = (float)(r1 - r0);
+        const float mean_d = sum1 / n;
+        const float m2 = sum2 - sum1 * mean_d;
         const size_t at = (size_t)blockIdx.y * N + col;
         part_count[at] = n;
-        part_mean[at] = mean;
-        part_m2[at] = m2;
+        part_mean[at] = shift[threadIdx.x] + mean_d;
+        part_m2[at] = m2 < 0.f ? 0.f : m2;  // rounding can dip below 0; a NaN stays NaN (fmaxf would drop it)
     }
     // The threadFenceReduction pattern: partials visible device-wide before this block counts
     // itself in; the block that counts last sees every chunk's partial.
@@ -112,50 +299,126 @@ column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* p
     if (threadIdx.x == 0) last = atomicAdd(&arrivals[blockIdx.x], 1u) == gridDim.y - 1;
     __syncthreads();
     if (!last) return;
-    n = mean = m2 = 0.f;
-    if (col < N) {
-        for (int p = ly; p < (int)gridDim.y; p += LANES) {
-            const size_t at = (size_t)p * N + col;  // __ldcg: from L2, never a stale L1 line
+    const int mx = threadIdx.x % 32, my = threadIdx.x / 32;
+    const int mcol = blockIdx.x * COLS + mx;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
+    if (mcol < N) {
+        for (int p = my; p < (int)gridDim.y; p += LaneMerge::LANES) {
+            const size_t at = (size_t)p * N + mcol;  // __ldcg: from L2, never a stale L1 line
             af_chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
         }
     }
-    merge.run(n, mean, m2, cx, ly);
-    if (ly == 0 && col < N) bn_column_finish(col, n, mean, m2, params);
-    if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;  // ready for reuse
+    merge.run(n, mean, m2, mx, my);
+    if (my == 0 && mcol < N) {
+        col_mean[mcol] = mean;
+        col_coef[mcol] = bn_column_finish(mcol, n, mean, m2, params);
+    }
+    if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;  // ready for reuse: the caller zeroes the buffer only once
 }
 
+// z ← (z − μ_z)·coef + β in place: COLS/VEC threads per row, NORM_UNROLL rows loaded per thread
+// before any is written (the loads and stores go through one pointer, so the compiler would
+// otherwise keep one load in flight). Row blocks run last-to-first: column_stats' grid reads the
+// last chunks of rows last, so those are the rows likeliest still in L2 when this kernel starts.
+template <int VEC>
 __global__ void __launch_bounds__(BLOCK)
 bn_normalize(float* __restrict__ z, const float* __restrict__ col_mean, const float* __restrict__ col_coef,
              const float* __restrict__ beta, int M, int N) {
-    const int cx = threadIdx.x % COLS, ly = threadIdx.x / COLS;
-    const int col = blockIdx.x * COLS + cx;
-    if (col >= N) return;
-    const float mu = col_mean[col], coef = col_coef[col], b = beta[col];
-    const int end = min(M, ((int)blockIdx.y + 1) * NORM_ROWS);
-    for (int r = blockIdx.y * NORM_ROWS + ly; r < end; r += LANES) {
-        const size_t at = (size_t)r * N + col;
-        z[at] = fmaf(z[at] - mu, coef, b);
-    }
+    constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
+    const int cx = threadIdx.x % PER_ROW, ly = threadIdx.x / PER_ROW;
+    const int c0 = blockIdx.x * COLS + cx * VEC;
+    if (c0 >= N) return;  // N % VEC == 0: the VEC columns are all inside or all outside
+    float mu[VEC], coef[VEC], b[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) mu[j] = col_mean[c0 + j], coef[j] = col_coef[c0 + j], b[j] = beta[c0 + j];
+    const int first = (gridDim.y - 1 - blockIdx.y) * (NORM_UNROLL * LANES) + ly;
+    float v[NORM_UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < NORM_UNROLL; ++u)
+        if (first + u * LANES < M) load_vec<VEC>(z + (size_t)(first + u * LANES) * N + c0, v[u]);
+#pragma unroll
+    for (int u = 0; u < NORM_UNROLL; ++u)
+        if (first + u * LANES < M) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[u][j] = fmaf(v[u][j] - mu[j], coef[j], b[j]);
+            store_vec<VEC>(z + (size_t)(first + u * LANES) * N + c0, v[u]);
+        }
 }
 
-// Sizes of the workspaces the caller allocates: partials [chunks][N], arrivals [strips] (zeroed).
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+// Does this configuration's strip kernel hold M rows on `device`? The device's opt-in limit
+// (227 KB on H100, 163 KB on A100) decides; configs() offers strips up to 200 KB only.
+AF_EXPORT int af_bn_strip_fits(int M, int device) {
+    if (STRIP_COLS == 0 || M <= 0) return 0;
+    int limit = 0;
+    if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();  // not a launch failure: clear it, take the two-kernel path
+        return 0;
+    }
+    return strip_bytes(M) <= (size_t)limit;
+}
+
+// Sizes of the two-kernel path's workspaces: partials [chunks][N], arrivals [strips] (zeroed).
 AF_EXPORT int af_bn_chunks(int M) { return stat_chunks(M); }
 AF_EXPORT int af_bn_strips(int N) { return af_ceil_div(N, COLS); }
 
-// z (M×N) is normalised in place; running_mean/running_var may both be null (no update).
+constexpr int MAX_DEVICES = 64;
+// Per device and kernel (scalar, vector): the dynamic shared memory cudaFuncSetAttribute allowed.
+static std::atomic<int> strip_allowed[2][MAX_DEVICES];
+
+template <int VEC>
+static int launch_strip(float* z, const float* beta, const BnParams& params, int M, int N, cudaStream_t stream) {
+    int device = 0, limit = 0;
+    int status = (int)cudaGetDevice(&device);
+    if (status == 0) status = (int)cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (status != 0) return status;
+    const size_t bytes = strip_bytes(M);
+    if (bytes > (size_t)limit || device >= MAX_DEVICES) return (int)cudaErrorInvalidValue;  // af_bn_strip_fits said no
+    std::atomic<int>& allowed = strip_allowed[VEC == 4][device];
+    if ((size_t)allowed.load() < bytes) {  // once per device: allow everything the device offers
+        status = (int)cudaFuncSetAttribute(strip_bn<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        if (status != 0) return status;
+        allowed.store(limit);
+    }
+    strip_bn<VEC><<<af_ceil_div(N, STRIP_COLS), STRIP_BLOCK, bytes, stream>>>(z, M, N, beta, params);
+    AF_CHECK_LAUNCH();
+}
+
+template <int VEC>
+static int launch_two_kernels(float* z, const float* beta, const BnParams& params, float* part_count,
+                              float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
+                              float* col_coef, int M, int N, cudaStream_t stream) {
+    const int chunks = stat_chunks(M);
+    const int strips = af_ceil_div(N, COLS);
+    column_stats<VEC><<<dim3(strips, chunks), BLOCK, 0, stream>>>(z, M, N, af_ceil_div(M, chunks), part_count,
+                                                                  part_mean, part_m2, arrivals, col_mean,
+                                                                  col_coef, params);
+    const int status = (int)cudaGetLastError();
+    if (status != 0) return status;
+    const int rows = NORM_UNROLL * (BLOCK / (COLS / VEC));
+    bn_normalize<VEC><<<dim3(strips, af_ceil_div(M, rows)), BLOCK, 0, stream>>>(z, col_mean, col_coef, beta, M, N);
+    AF_CHECK_LAUNCH();
+}
+
+// z (M×N) is normalised in place; running_mean/running_var may both be null (no update). With
+// part_count null the strip kernel runs (the caller asked af_bn_strip_fits), and the other
+// workspaces may be null too; otherwise the two kernels run with them.
 AF_EXPORT int af_bn_train(float* z, const float* bias, const float* scale, const float* gamma, const float* beta,
                           float* running_mean, float* running_var, float* part_count, float* part_mean,
                           float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, float eps,
                           float factor, int M, int N, cudaStream_t stream) {
     if (M == 0 || N == 0) return 0;  // nothing to launch (an empty grid is a launch error)
-    const int chunks = stat_chunks(M);
-    const int chunk_rows = af_ceil_div(M, chunks);
-    const BnParams params{bias, scale, gamma, running_mean, running_var, col_mean, col_coef, eps, factor};
-    column_stats<<<dim3(af_ceil_div(N, COLS), chunks), BLOCK, 0, stream>>>(z, M, N, chunk_rows, part_count,
-                                                                           part_mean, part_m2, arrivals, params);
-    const int status = (int)cudaGetLastError();
-    if (status != 0) return status;
-    bn_normalize<<<dim3(af_ceil_div(N, COLS), af_ceil_div(M, NORM_ROWS)), BLOCK, 0, stream>>>(z, col_mean, col_coef,
-                                                                                               beta, M, N);
-    AF_CHECK_LAUNCH();
+    const BnParams params{bias, scale, gamma, running_mean, running_var, eps, factor};
+    // float4 along a row needs every row start 16-byte aligned: N % 4 == 0 and an aligned base.
+    const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0;
+    if (part_count == nullptr) {
+        if (STRIP_COLS == 0) return (int)cudaErrorInvalidValue;
+        return vec ? launch_strip<4>(z, beta, params, M, N, stream) : launch_strip<1>(z, beta, params, M, N, stream);
+    }
+    return vec ? launch_two_kernels<4>(z, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
+                                       M, N, stream)
+               : launch_two_kernels<1>(z, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
+                                       M, N, stream);
 }

@@ -8,8 +8,9 @@
 # The lent GPU runs 10 minutes a command: there, split the work with STEPS and UNITS, e.g.
 #   STEPS=tune bash tests/device/benchmarks.sh fp32 tf32
 #   STEPS=bench UNITS="51 99 22" bash tests/device/benchmarks.sh fp32
-# keeping $OUT/benchmarks (the table, reports, charts and logs) from one command to the next
-# (each command leaves $OUT/benchmarks.tgz); then unpack it into benchmarks/, add the
+# (BENCH_FLAGS=--no-compile leaves torch.compile out), keeping $OUT/benchmarks (the table,
+# reports, charts and logs) from one command to the next (each command leaves
+# $OUT/benchmarks.tgz); then unpack it into benchmarks/, add the
 # hand-written benchmarks/analysis.md, and run the second line. Elsewhere the first line does all.
 #
 # GEMM-bound problems are tuned over eager, simplified and cublas_epilogue (GEMM_VARIANTS):
@@ -20,6 +21,8 @@ set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 TRIALS=${TRIALS:-12}; ROUNDS=${ROUNDS:-10}; STEPS=${STEPS:-tune bench}; UNITS=${UNITS:-51 99 22 bn-train bn-eval}
 GEMM_VARIANTS=${GEMM_VARIANTS:-eager,simplified,cublas_epilogue}
+BENCH_FLAGS=${BENCH_FLAGS:-}  # e.g. --no-compile where the device time is short
+VARIANTS_51=${VARIANTS_51:-}  # 51's tune: every variant unless named here
 export AUTOFUSE_HOME=${AUTOFUSE_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 work=$OUT/benchmarks; mkdir -p "$work"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$work/device.txt"
@@ -31,13 +34,13 @@ args_of() {  # the problem (and mode) of a unit
     esac
 }
 tune() {
-    local variants=(--variants "$GEMM_VARIANTS"); [ "$1" = 51 ] && variants=()
+    local variants=(--variants "$GEMM_VARIANTS"); [ "$1" = 51 ] && variants=(${VARIANTS_51:+--variants "$VARIANTS_51"})
     autofuse tune $(args_of "$1") --precision "$2" "${variants[@]}" --trials "$TRIALS" --table "$work/table.json" \
         --no-progress --no-autograd-entry 2>&1 | tee -a "$work/tune.log" | grep -E "^(winner|no variant|.* on cuda)"
 }
 bench() {
     autofuse bench $(args_of "$1") --precision "$2" --table "$work/table.json" --out "$work" --rounds "$ROUNDS" \
-        2>&1 | tee -a "$work/bench-$2.log" | grep -E "^(eager|torch.compile|simplified|cublas_epilogue|single_pass|cuda_tiled|cuda_templated|autofuse|floor|cast|[a-z_]+ batch)"
+        $BENCH_FLAGS 2>&1 | tee -a "$work/bench-$2.log" | grep -E "^(eager|torch.compile|simplified|cublas_epilogue|single_pass|cuda_tiled|cuda_templated|autofuse|floor|cast|[a-z_]+ batch)"
 }
 for precision in ${@:-fp32 tf32 bf16}; do
     for step in $STEPS; do

@@ -55,15 +55,20 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
 
 def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar) -> None:
     """Ask ``size`` trials, compile their kernels together, measure what nobody has or does."""
-    batch = [(trial, *studies.suggest(trial, spaces)) for trial in (shared.ask() for _ in range(size))]
-    for trial, _, config in batch:  # the claim other processes read (a configuration spans several params)
+    batch = []
+    for _ in range(size):
+        trial = shared.ask()
+        name, config = studies.suggest(trial, spaces)
+        # The claim other processes read (a configuration spans several params); at once, since
+        # they wait for it before deciding about their higher-numbered trials.
         trial.set_user_attr("config", studies.config_label(config))
+        batch.append((trial, name, config))
     view = shared.view()
     _prebuild([(name, config) for _, name, config in batch
                if (name, studies.config_label(config)) not in view.results | view.claims], job)
     for trial, name, config in batch:
         key = (name, studies.config_label(config))
-        view = shared.view()  # re-read: other processes may have measured or claimed it meanwhile
+        view = shared.view(settled_below=trial.number)  # re-read: others may have measured or claimed it meanwhile
         bar.show(view.results)
         if key in view.results:  # a repeat: told the earlier result, measures nothing
             _tell(shared, trial, key, view.results[key], repeat=True)

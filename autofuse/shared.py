@@ -7,6 +7,12 @@ running trials of other processes are claims. A configuration claimed by a lower
 trial is left to its owner, and claims count against the trial budget, so N processes
 measure no configuration twice and overshoot the budget by at most about N trials.
 
+A trial is asked first and labelled with its configuration a moment later, so a process
+deciding about trial m waits until every other process's live trial numbered below m has
+its label (``view(settled_below=m)``). Without that wait, two processes can both measure
+one configuration: B reads before A has labelled its lower-numbered trial and sees no
+claim, A reads B's claim but it is numbered higher, so neither gives way.
+
 A running trial whose process died does not block anyone for long: it is failed when its
 pid is gone on this host, or when it has shown no sign of life for ``GRACE_S`` seconds
 (hosts sharing a study must have distinct hostnames). A process failing or interrupted
@@ -29,6 +35,7 @@ from autofuse.outcome import TrialResult
 HEARTBEAT_S = 20.0
 GRACE_S = 180.0  # far above HEARTBEAT_S and any clock skew between machines
 POLL_S = 1.0
+LABEL_POLL_S = 0.02  # labelling follows asking within milliseconds
 HOST = socket.gethostname()
 
 
@@ -53,6 +60,7 @@ def measured(study: optuna.Study) -> dict[tuple[str, str], TrialResult]:
 class View:
     results: dict  # (variant, label) -> TrialResult, measured by anyone
     claims: dict  # (variant, label) -> lowest number of a live trial of another process measuring it
+    unlabelled: list = dataclasses.field(default_factory=list)  # other processes' live trials not yet labelled
 
     def ahead_of(self, number: int) -> int:
         """Configurations measured or being measured by trials numbered below ``number``."""
@@ -107,9 +115,20 @@ class SharedStudy:
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass
 
-    def view(self) -> View:
-        """Results and other processes' live claims, now; a dead process's trials are failed on the way."""
-        results, claims = measured(self.study), {}
+    def view(self, settled_below: int | None = None) -> View:
+        """Results and other processes' live claims, now; a dead process's trials are failed on the way.
+
+        With ``settled_below``, waits until no other process's live trial numbered below it is
+        still unlabelled, so that every claim that could outrank that trial is in the view.
+        """
+        while True:
+            view = self._read()
+            if settled_below is None or all(n >= settled_below for n in view.unlabelled):
+                return view
+            time.sleep(LABEL_POLL_S)
+
+    def _read(self) -> View:
+        results, claims, unlabelled = measured(self.study), {}, []
         now = time.time()
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if trial.number in self._mine:
@@ -118,9 +137,11 @@ class SharedStudy:
                 self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
                 continue
             key = key_of(trial)
-            if key is not None and key not in results:
+            if key is None:
+                unlabelled.append(trial.number)
+            elif key not in results:
                 claims[key] = min(claims.get(key, trial.number), trial.number)
-        return View(results, claims)
+        return View(results, claims, unlabelled)
 
     def wait(self) -> None:
         time.sleep(POLL_S)
@@ -140,10 +161,8 @@ def _dead(trial: optuna.trial.FrozenTrial, now: float) -> bool:
     if host == HOST and pid.isdigit() and not _pid_alive(int(pid)):
         return True
     alive = trial.user_attrs.get("alive")
-    if not isinstance(alive, (int, float)):
-        if key_of(trial) is None:
-            return False  # just asked: its owner is labelling it
-        alive = trial.datetime_start.timestamp()  # a trial of an autofuse from before heartbeats
+    if not isinstance(alive, (int, float)):  # asked a moment ago, or by an autofuse from before heartbeats
+        alive = trial.datetime_start.timestamp()
     return now - alive > GRACE_S
 
 

@@ -5,6 +5,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -170,3 +171,30 @@ def test_the_cli_reports_a_bad_storage_url(capsys):
 
     assert main(["tune", PROBLEM, "--device", "cpu", "--storage", "ftp://nowhere"]) == 2
     assert "not a form autofuse accepts" in capsys.readouterr().err
+
+
+def test_a_decision_waits_for_lower_trials_to_be_labelled(tmp_path):
+    """Two processes (two SharedStudy views of one study) suggest the same configuration; the
+    higher-numbered trial must see the lower one's claim even when it reads first."""
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "s.journal")))
+    with shared.SharedStudy(study) as first, shared.SharedStudy(study) as second:
+        low = first.ask()
+        low.suggest_categorical("variant", ["eager"])  # suggested, not yet labelled
+        high = second.ask()
+        high.suggest_categorical("variant", ["eager"])
+        high.set_user_attr("config", "default")
+        assert second.view().claims == {} and second.view().unlabelled == [low.number]
+        threading.Timer(0.3, low.set_user_attr, ("config", "default")).start()
+        started = time.monotonic()
+        view = second.view(settled_below=high.number)
+        assert view.claims == {("eager", "default"): low.number} and time.monotonic() - started >= 0.25
+        assert first.view(settled_below=low.number).claims == {("eager", "default"): high.number}  # nothing below
+
+
+def test_an_unlabelled_trial_without_a_sign_of_life_is_failed(tmp_path, monkeypatch):
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "s.journal")))
+    stray = study.ask()  # as if its process died between asking and labelling, on another host
+    monkeypatch.setattr(shared, "GRACE_S", 0.0)
+    with shared.SharedStudy(study) as mine:
+        assert mine.view(settled_below=stray.number + 1).unlabelled == []
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL

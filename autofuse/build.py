@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import filelock
 
-from autofuse.errors import BuildError
+from autofuse.errors import BuildError, InputError
 
 CSRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 
@@ -259,13 +259,25 @@ def _failure_message(kb: KernelBuild, command: list[str], result: subprocess.Com
 
 
 def build_many(builds: Sequence[KernelBuild], jobs: int | None = None) -> dict[KernelBuild, pathlib.Path | BuildError]:
-    """Build in parallel; a failed build is its BuildError as a value, never an abort of the rest."""
+    """Build in parallel, ``jobs`` nvcc at once (default: ``build_jobs()``); a failed build is
+    its BuildError as a value, never an abort of the rest."""
     if jobs is not None and jobs < 1:
         raise ValueError(f"`jobs >= 1` must hold, got {jobs=}")
     unique = list(dict.fromkeys(builds))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or build_jobs()) as pool:
         futures = {kb: pool.submit(_build_or_error, kb) for kb in unique}
     return {kb: future.result() for kb, future in futures.items()}
+
+
+def build_jobs() -> int:
+    """How many nvcc run at once: $AUTOFUSE_BUILD_JOBS, else one per core. ``--workers N``
+    sets it to the cores / N in each worker, so N workers do not oversubscribe the host N times."""
+    value = os.environ.get("AUTOFUSE_BUILD_JOBS")
+    if value is None:
+        return os.cpu_count() or 1
+    if not value.strip().isdigit() or int(value) < 1:
+        raise InputError(f"AUTOFUSE_BUILD_JOBS must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def _build_or_error(kb: KernelBuild) -> pathlib.Path | BuildError:

@@ -6,6 +6,8 @@ choice, no table. It sees only its own GPU (CUDA_VISIBLE_DEVICES), and samples w
 seed; ``autofuse.shared`` keeps the workers from measuring a configuration twice. The
 invoking process shows the progress, then makes the final choice on its own device. Workers
 on the CPU share its cores, so their timings are noisier; the final re-timing runs alone.
+Each worker runs cores / N nvcc at once ($AUTOFUSE_BUILD_JOBS), so N workers compiling
+together do not oversubscribe the host N times.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import torch
 
+from autofuse.build import build_jobs
 from autofuse.errors import AutofuseError, InputError
 from autofuse.progress import TrialProgress
 from autofuse.shared import measured
@@ -49,12 +52,13 @@ def search(spec: dict, workers: int, study, total: int, label: str, progress: bo
     """Run ``workers`` processes on ``spec`` (what ``tuner.search_only`` takes) until all have ended."""
     settings = spec["settings"]
     device = "cuda" if torch.device(settings["device"]).type == "cuda" else "cpu"
+    jobs = str(build_jobs() if "AUTOFUSE_BUILD_JOBS" in os.environ else max(1, build_jobs() // workers))  # the user's wins
     procs = []
     try:
         for index, slot in enumerate(slots(workers, settings["device"])):
             mine = {**spec, "settings": {**settings, "device": device, "seed": settings["seed"] + index},
                     "plan": {**spec["plan"], "workers": 1, "progress": False}}
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": slot}
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": slot, "AUTOFUSE_BUILD_JOBS": jobs}
             procs.append(subprocess.Popen([sys.executable, "-m", "autofuse.parallel", json.dumps(mine)], env=env))
         _watch(procs, study, total, label, progress)
     finally:

@@ -17,7 +17,7 @@ import pytest
 
 from autofuse import build as build_mod
 from autofuse.build import KernelBuild, build, build_many, cache_dir, check_status, load_library
-from autofuse.errors import BuildError
+from autofuse.errors import BuildError, InputError
 
 SCALE_CU = textwrap.dedent("""\
     #include "autofuse.cuh"
@@ -309,3 +309,14 @@ def test_reductions_reach_every_thread(tmp_path, threads):
                                atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(warp_maxes, warps.amax(2, keepdim=True).expand_as(warps).reshape(rows, threads),
                                atol=0, rtol=0)
+
+
+def test_build_jobs_from_the_environment(monkeypatch):
+    monkeypatch.delenv("AUTOFUSE_BUILD_JOBS", raising=False)
+    assert build_mod.build_jobs() == (os.cpu_count() or 1)
+    monkeypatch.setenv("AUTOFUSE_BUILD_JOBS", "3")
+    assert build_mod.build_jobs() == 3
+    for bad in ("0", "-2", "two", ""):
+        monkeypatch.setenv("AUTOFUSE_BUILD_JOBS", bad)
+        with pytest.raises(InputError, match="AUTOFUSE_BUILD_JOBS must be a whole number"):
+            build_mod.build_jobs()

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 import autofuse
-from autofuse import plugins, shared
+from autofuse import parallel, plugins, shared
 from autofuse.storage import masked, open_storage
 from autofuse.table import DispatchTable
 from helpers import use_test_plugins
@@ -198,3 +198,30 @@ def test_an_unlabelled_trial_without_a_sign_of_life_is_failed(tmp_path, monkeypa
     with shared.SharedStudy(study) as mine:
         assert mine.view(settled_below=stray.number + 1).unlabelled == []
     assert study.trials[0].state == optuna.trial.TrialState.FAIL
+
+
+@pytest.mark.parametrize("preset, expected", [(None, str(max(1, (os.cpu_count() or 1) // 3))), ("5", "5")])
+def test_workers_share_the_cores_for_nvcc(monkeypatch, preset, expected):
+    """Three CPU workers each get cores / 3 nvcc jobs, unless the user set AUTOFUSE_BUILD_JOBS."""
+    if preset is None:
+        monkeypatch.delenv("AUTOFUSE_BUILD_JOBS", raising=False)
+    else:
+        monkeypatch.setenv("AUTOFUSE_BUILD_JOBS", preset)
+    envs = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, argv, env):
+            envs.append(env)
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", Finished)
+    spec = {"settings": {"device": "cpu", "seed": 0}, "plan": {}}
+    parallel.search(spec, 3, optuna.create_study(), total=4, label="test", progress=False)
+    assert [env["AUTOFUSE_BUILD_JOBS"] for env in envs] == [expected] * 3

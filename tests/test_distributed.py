@@ -18,6 +18,7 @@ from autofuse.table import DispatchTable
 from helpers import use_test_plugins
 
 PROBLEM = "matmul_gelu_softmax"
+VARIANTS = "eager,simplified,knobs"  # only these: an installed plugin's variants would add configurations
 CONFIGS = 10  # eager, simplified and knobs k=0..7
 POSTGRES_URL = os.environ.get("AUTOFUSE_TEST_POSTGRES_URL")
 
@@ -33,7 +34,8 @@ def knobs(monkeypatch):
 
 def _tune(shape: str, storage: str, table, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autofuse.cli", "tune", PROBLEM, "--device", "cpu", "--shape", shape,
-                             "--storage", storage, "--table", str(table), "--no-progress", "--no-autograd-entry", *extra],
+                             "--storage", storage, "--table", str(table), "--variants", VARIANTS, "--no-progress",
+                             "--no-autograd-entry", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -60,7 +60,7 @@ def measured(study: optuna.Study) -> dict[tuple[str, str], TrialResult]:
 class View:
     results: dict  # (variant, label) -> TrialResult, measured by anyone
     claims: dict  # (variant, label) -> lowest number of a live trial of another process measuring it
-    unlabelled: list = dataclasses.field(default_factory=list)  # other processes' live trials not yet labelled
+    unlabelled: list  # numbers of other processes' live trials not yet labelled
 
     def ahead_of(self, number: int) -> int:
         """Configurations measured or being measured by trials numbered below ``number``."""

@@ -85,7 +85,7 @@ def test_verdict_says_by_how_much_a_target_is_missed(ratio, target, behind, verd
     assert _verdict(ratio, target, behind) == verdict
 
 
-def test_a_dispatch_that_does_not_beat_a_baseline_is_no_met_target(tmp_path):
+def test_a_dispatch_that_does_not_beat_a_baseline_is_no_met_target():
     from autofuse.bench import BenchReport, BenchRow, _summary
     from autofuse.timing import Timing
 

@@ -9,6 +9,7 @@ import sys
 from tabulate import tabulate
 
 from autofuse.errors import AutofuseError
+from autofuse.table import PRECISIONS  # torch-free: `autofuse --help` stays fast
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--shape", type=_shape_arg, help="e.g. batch_size=1024,in_features=8192,out_features=8192 (default: every default shape)")
     tune.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
     tune.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    tune.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    tune.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     tune.add_argument("--mode", choices=["train", "eval"], help="for problems whose train/eval differ (gemm_bn); default train")
     tune.add_argument("--trials", type=int, help="trials per shape (default: every configuration, at most 40)")
     tune.add_argument("--timeout", type=float, help="seconds of search per shape")
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--all", action="store_true", help="every problem at its default shapes (both modes where they differ)")
     bench.add_argument("--shape", type=_shape_arg, help="default: every default shape")
     bench.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
-    bench.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    bench.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     bench.add_argument("--mode", choices=["train", "eval"], help="for gemm_bn (default: train; --all does both)")
     bench.add_argument("--table", help="dispatch table to read tuned configurations from")
     bench.add_argument("--rounds", type=int, default=20, help="interleaved rounds (3 timed calls each)")
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("problem", help="problem name or alias, or a KernelBench file's path")
     export.add_argument("--kernelbench", required=True, metavar="OUT.py", help="the file to write")
     export.add_argument("--table", help="dispatch table ModelNew reads (default: $AUTOFUSE_HOME/table.json where it runs)")
-    export.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+    export.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
                         help="precision of every dispatch (bf16 for a harness that runs in bfloat16)")
     export.set_defaults(run=_export)
     return parser

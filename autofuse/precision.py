@@ -1,10 +1,20 @@
 """Precision classes, and the math modes that make them explicit.
 
-``fp32`` (the default) is PyTorch's own default: float32 operands, float32
-accumulation, TF32 off. ``tf32`` admits TensorFloat-32 matrix units for float32
-matrix products. ``bf16`` admits bfloat16 operands (float32 accumulation).
+Strictest first:
+
+* ``ieee``: IEEE float32 arithmetic in the GEMM itself (float32 FMA: cuBLAS fp32, SIMT kernels).
+* ``fp32`` (the default): float32 *accuracy*, verified. Float32 inputs and outputs, and an
+  error against the float64 reference within the problem's fp32 tolerance at every input
+  distribution. Everything ``ieee`` admits, and error-compensated tensor-core GEMMs (3xTF32:
+  a = hi + lo, three TF32 products accumulated in float32) that pass that gate.
+* ``tf32``: plain TensorFloat-32 matrix units for float32 matrix products.
+* ``bf16``: bfloat16 operands (float32 accumulation); bfloat16 inputs too.
+
 A call always runs inside ``math_mode(precision)``, which sets TF32 on or off for
-its duration whatever the global flags say, so TF32 never gets in silently.
+its duration whatever the global flags say, so TF32 never gets in silently. A variant
+declares the precisions it may serve (``Variant.precisions``); a compensated one leaves
+out ``ieee``. An entry tuned at a stricter precision may serve a looser request
+(``serving_order``), never the reverse.
 """
 
 from __future__ import annotations
@@ -16,10 +26,13 @@ import torch.nn.functional as F
 
 from autofuse.errors import InputError
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("ieee", "fp32", "tf32", "bf16")  # strictest first
+# Precisions a problem states a tolerance for; ``ieee`` is judged by the fp32 tolerance.
+TOLERANCE_PRECISIONS = ("fp32", "tf32", "bf16")
 
 # Input dtypes each precision admits: bf16 tensors only make sense when bf16 is allowed.
 _DTYPES = {
+    "ieee": (torch.float32,),
     "fp32": (torch.float32,),
     "tf32": (torch.float32,),
     "bf16": (torch.float32, torch.bfloat16),
@@ -30,6 +43,18 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return precision
+
+
+def serving_order(precision: str) -> tuple[str, ...]:
+    """The precisions whose tuned entries may serve a ``precision`` request, preferred first:
+    itself, then each stricter one (an fp32 entry serves tf32 and bf16 calls; never the reverse)."""
+    index = PRECISIONS.index(check_precision(precision))
+    return PRECISIONS[index::-1]
+
+
+def tolerance_precision(precision: str) -> str:
+    """The precision whose tolerance judges ``precision``: ``ieee`` results are held to fp32's."""
+    return "fp32" if check_precision(precision) == "ieee" else precision
 
 
 def check_dtype(dtype: torch.dtype, precision: str) -> None:

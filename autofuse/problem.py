@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from autofuse.errors import InputError
-from autofuse.precision import PRECISIONS, dtype_name
+from autofuse.precision import TOLERANCE_PRECISIONS, dtype_name, tolerance_precision
 
 Shape = dict[str, int]
 
@@ -81,7 +81,7 @@ class Problem:
     def __post_init__(self):
         if not self.name.isidentifier():
             raise ValueError(f"a problem name must be an identifier, got {self.name!r}")
-        missing = set(PRECISIONS) - set(self.tolerances)
+        missing = set(TOLERANCE_PRECISIONS) - set(self.tolerances)
         if missing:
             raise ValueError(f"problem {self.name!r} needs a tolerance for every precision, missing {sorted(missing)}")
         if self.floor not in ("gemm", "memory"):
@@ -90,6 +90,10 @@ class Problem:
             raise ValueError(f"problem {self.name!r} needs at least one default shape")
         for shape in self.default_shapes:
             self.normalize_shape(shape)
+
+    def tolerance(self, precision: str) -> Tolerance:
+        """The tolerance results at ``precision`` are held to (``ieee``: fp32's)."""
+        return self.tolerances[tolerance_precision(precision)]
 
     # -- shapes --------------------------------------------------------------
     def normalize_shape(self, shape: Mapping[str, Any]) -> Shape:

@@ -31,7 +31,7 @@ SCHEMA = "autofuse-dispatch-table"
 VERSION = 1
 
 DTYPES = ("float32", "bfloat16")
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("ieee", "fp32", "tf32", "bf16")  # autofuse.precision.PRECISIONS, without importing torch
 MODES = ("train", "eval", "any")
 
 # Seconds a writer waits for another writer; a tuner records in bursts of milliseconds,

@@ -150,7 +150,7 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
                   cache: dict | None = None) -> CheckResult:
     """Run ``variant`` on every case (and check its gradients if ``autograd``); the first failure ends the check."""
     device = torch.device(device)
-    tol = problem.tolerances[variant.precision]
+    tol = problem.tolerance(variant.precision)
     cache = {} if cache is None else cache
     worst = 0.0
     for i, case in enumerate(cases):
@@ -237,7 +237,7 @@ def _check_no_alias(variant, model, x, out) -> str | None:
 
 def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, mode: str) -> tuple[float, str | None]:
     """Gradients of a random cotangent w.r.t. the input and every parameter, against float64."""
-    tol = problem.tolerances[variant.precision]
+    tol = problem.tolerance(variant.precision)
     generator = torch.Generator().manual_seed(prepared.case.seed + 7)
     cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
 

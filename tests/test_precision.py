@@ -1,0 +1,57 @@
+"""The precision classes: their order, what each admits, and how each is judged."""
+
+import pytest
+import torch
+
+from autofuse import precision, registry, table
+from autofuse.errors import InputError
+from autofuse.variant import Variant
+
+
+def test_strictest_first_and_the_table_agrees():
+    assert precision.PRECISIONS == ("ieee", "fp32", "tf32", "bf16")
+    assert table.PRECISIONS == precision.PRECISIONS  # kept torch-free for the CLI
+
+
+@pytest.mark.parametrize(("requested", "order"), [
+    ("ieee", ("ieee",)),
+    ("fp32", ("fp32", "ieee")),
+    ("tf32", ("tf32", "fp32", "ieee")),
+    ("bf16", ("bf16", "tf32", "fp32", "ieee")),
+])
+def test_a_stricter_entry_serves_a_looser_request_never_the_reverse(requested, order):
+    assert precision.serving_order(requested) == order
+
+
+def test_unknown_precision_is_an_input_error_naming_the_known_ones():
+    with pytest.raises(InputError, match="ieee"):
+        precision.serving_order("fp16")
+
+
+@pytest.mark.parametrize("name", ["ieee", "fp32"])
+def test_ieee_and_fp32_keep_tf32_off_whatever_the_global_flag(name, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    with precision.math_mode(name):
+        assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32
+
+
+def test_ieee_is_held_to_the_fp32_tolerance():
+    problem = registry.get_problem("matmul_gelu_softmax")
+    assert problem.tolerance("ieee") == problem.tolerances["fp32"] == problem.tolerance("fp32")
+    assert problem.tolerance("bf16") == problem.tolerances["bf16"]
+
+
+def test_ieee_admits_float32_inputs_only():
+    precision.check_dtype(torch.float32, "ieee")
+    with pytest.raises(InputError, match="bf16"):
+        precision.check_dtype(torch.bfloat16, "ieee")
+
+
+def test_a_compensated_variant_leaves_ieee_out_and_is_not_admitted_there():
+    class Compensated(Variant):
+        name, problem, kind, description = "c", "matmul_gelu_softmax", "simplified", "3xTF32"
+        precisions = ("fp32", "tf32", "bf16")
+
+    assert Compensated.admits("cpu", torch.float32, "ieee", False) == "precision ieee not in ('fp32', 'tf32', 'bf16')"
+    assert Compensated.admits("cpu", torch.float32, "fp32", False) is None

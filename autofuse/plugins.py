@@ -23,6 +23,7 @@ ENTRY_POINT_GROUP = "autofuse"
 
 _lock = threading.Lock()
 _manager: pluggy.PluginManager | None = None
+_generation = 0  # moves on every reset, so what is built from the manager (the registry) rebuilds
 
 
 def _env_list(name: str) -> list[str]:
@@ -69,10 +70,14 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
 
 def reset_plugin_manager() -> None:
-    """Forget the manager and the registry built from it (tests, after changing plugins)."""
-    global _manager
+    """Forget the manager (tests, after changing plugins); the registry, which compares
+    ``generation()``, is rebuilt from the next one."""
+    global _manager, _generation
     with _lock:
         _manager = None
-    from autofuse import registry
+        _generation += 1
 
-    registry.clear_cache()
+
+def generation() -> int:
+    """How many times the manager was reset: a registry built at another generation is stale."""
+    return _generation

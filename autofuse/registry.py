@@ -1,9 +1,9 @@
 """The registry: hook results folded into dicts keyed by name.
 
 A duplicate name fails naming both plugins; an unknown name lists the known ones.
-Built once per plugin manager (``plugins.reset_plugin_manager`` clears it) and again
-whenever a KernelBench file becomes a problem (``autofuse.kernelbench``): a problem name
-that is a path loads that file.
+Built once per plugin manager (``plugins.reset_plugin_manager`` moves ``plugins.generation()``)
+and again whenever a KernelBench file becomes a problem (``autofuse.kernelbench``): a problem
+name that is a path loads that file.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 
-from autofuse import kernelbench
+from autofuse import kernelbench, plugins
 from autofuse.errors import PluginError, UnknownNameError
 from autofuse.plugins import blocked_plugins, get_plugin_manager
 from autofuse.problem import Problem
@@ -26,17 +26,12 @@ class _Registry:
     variants: dict[str, dict[str, type[Variant]]]
     owners: dict[tuple[str, ...], str]  # (problem,) or (problem, variant) -> plugin name
     kernelbench: int = -1  # kernelbench.generation() it was built at
+    plugins: int = -1  # plugins.generation() it was built at
 
 
 log = logging.getLogger("autofuse")
 _lock = threading.Lock()
 _registry: _Registry | None = None
-
-
-def clear_cache() -> None:
-    global _registry
-    with _lock:
-        _registry = None
 
 
 def _hook_results(hook_name: str):
@@ -55,7 +50,7 @@ def _hook_results(hook_name: str):
 
 
 def _build() -> _Registry:
-    reg = _Registry(problems={}, aliases={}, variants={}, owners={})
+    reg = _Registry(problems={}, aliases={}, variants={}, owners={}, plugins=plugins.generation())
     for plugin, problem in _hook_results("autofuse_register_problems"):
         _add_problem(reg, plugin, problem)
     # Before the plugins' variants, which may name a file problem (kb_<stem>).
@@ -113,7 +108,8 @@ def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
 def _get() -> _Registry:
     global _registry
     with _lock:
-        if _registry is None or _registry.kernelbench != kernelbench.generation():
+        stale = _registry is None or (_registry.kernelbench, _registry.plugins) != (kernelbench.generation(), plugins.generation())
+        if stale:
             _registry = _build()
         return _registry
 

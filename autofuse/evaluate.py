@@ -11,12 +11,11 @@ import torch
 
 from autofuse import registry
 from autofuse.errors import BuildError
-from autofuse.outcome import Outcome, TrialResult
+from autofuse.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.precision import parse_dtype
 from autofuse.timing import Timing, time_callable, time_interleaved
 from autofuse.variant import EagerVariant
 from autofuse.verify import CheckCase, build_case, check_cases, check_variant
-from autofuse.worker import Candidate, Job
 
 BASELINE = "eager-baseline"
 

@@ -1,4 +1,5 @@
-"""What one candidate's trial came to: a typed outcome with its reason, never an abort."""
+"""A trial: the job and the candidate measured, and what it came to (a typed outcome with its
+reason, never an abort). Below the worker and what it runs (``evaluate``), which both use them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,31 @@ import enum
 from typing import Any
 
 from autofuse.timing import Timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every candidate of one tune is measured on."""
+
+    problem: str
+    shape: dict
+    device: str
+    dtype: str
+    precision: str
+    mode: str
+    seed: int
+    budget_ms: float = 400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    variant: str
+    params: dict
+    autograd: bool = False
+
+    def label(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.variant}[{params}]" + (" +grad" if self.autograd else "")
 
 
 class Outcome(str, enum.Enum):

@@ -13,10 +13,9 @@ import time
 
 from autofuse import registry, study as studies
 from autofuse.build import build_many
-from autofuse.outcome import Outcome, TrialResult
+from autofuse.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.progress import TrialProgress
 from autofuse.shared import SharedStudy
-from autofuse.worker import Candidate, Job
 
 # Suggestions asked per distinct candidate before the search stops looking for new ones.
 MAX_ASKS_PER_TRIAL = 5

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from autofuse.evaluate import BASELINE
-from autofuse.outcome import Outcome, TrialResult
+from autofuse.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.timing import Timing
-from autofuse.worker import Candidate, Job
 
 TOP_K = 3
 # Below this, a difference is not taken as real whatever the spreads say. Interleaved medians of

@@ -9,7 +9,6 @@ float64 references are computed once per tune, not once per trial.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import socket
 import subprocess
@@ -18,34 +17,10 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from autofuse.outcome import Outcome, TrialResult
+# Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
+from autofuse.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
 
 STARTUP_TIMEOUT_S = 300.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """What every candidate of one tune is measured on."""
-
-    problem: str
-    shape: dict
-    device: str
-    dtype: str
-    precision: str
-    mode: str
-    seed: int
-    budget_ms: float = 400.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    variant: str
-    params: dict
-    autograd: bool = False
-
-    def label(self) -> str:
-        params = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.variant}[{params}]" + (" +grad" if self.autograd else "")
 
 
 # -- the parent's side -----------------------------------------------------------

@@ -1,13 +1,14 @@
 """``--workers N``: N processes search one shape's study at once, one per GPU (or N on the CPU).
 
-Each worker is a fresh ``python -m autofuse.parallel`` (not multiprocessing's spawn, which
-would re-run the caller's ``__main__``) that searches the shared study alone: no final
-choice, no table. It sees only its own GPU (CUDA_VISIBLE_DEVICES), and samples with its own
-seed; ``autofuse.shared`` keeps the workers from measuring a configuration twice. The
-invoking process shows the progress, then makes the final choice on its own device. Workers
-on the CPU share its cores, so their timings are noisier; the final re-timing runs alone.
-Each worker runs cores / N nvcc at once ($AUTOFUSE_BUILD_JOBS), so N workers compiling
-together do not oversubscribe the host N times.
+Each worker is a fresh process running the caller's ``command`` with the spec appended (the
+tuner's: ``python -m autofuse.tuner SPEC``; not multiprocessing's spawn, which would re-run the
+caller's ``__main__``), so this module needs nothing from the tuner above it. A worker searches
+the shared study alone: no final choice, no table. It sees only its own GPU
+(CUDA_VISIBLE_DEVICES), and samples with its own seed; ``autofuse.shared`` keeps the workers
+from measuring a configuration twice. The invoking process shows the progress, then makes
+the final choice on its own device. Workers on the CPU share its cores, so their timings are
+noisier; the final re-timing runs alone. Each worker runs cores / N nvcc at once
+($AUTOFUSE_BUILD_JOBS), so N workers compiling together do not oversubscribe the host N times.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import torch
 
 from autofuse.build import build_jobs
-from autofuse.errors import AutofuseError, InputError
+from autofuse.errors import InputError
 from autofuse.progress import TrialProgress
 from autofuse.shared import measured
 from autofuse.table import current_fingerprint, fingerprint_key
@@ -48,8 +49,9 @@ def slots(workers: int, device: str) -> list[str]:
     return ids[:workers]
 
 
-def search(spec: dict, workers: int, study, total: int, label: str, progress: bool) -> None:
-    """Run ``workers`` processes on ``spec`` (what ``tuner.search_only`` takes) until all have ended."""
+def search(spec: dict, workers: int, study, total: int, label: str, progress: bool, *, command: list[str]) -> None:
+    """Run ``workers`` processes of ``command`` + [``spec`` as JSON] until all have ended; each
+    worker's spec has its own seed and device and searches alone (``plan.workers`` = 1)."""
     settings = spec["settings"]
     device = "cuda" if torch.device(settings["device"]).type == "cuda" else "cpu"
     jobs = str(build_jobs() if "AUTOFUSE_BUILD_JOBS" in os.environ else max(1, build_jobs() // workers))  # the user's wins
@@ -59,7 +61,7 @@ def search(spec: dict, workers: int, study, total: int, label: str, progress: bo
             mine = {**spec, "settings": {**settings, "device": device, "seed": settings["seed"] + index},
                     "plan": {**spec["plan"], "workers": 1, "progress": False}}
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": slot, "AUTOFUSE_BUILD_JOBS": jobs}
-            procs.append(subprocess.Popen([sys.executable, "-m", "autofuse.parallel", json.dumps(mine)], env=env))
+            procs.append(subprocess.Popen([*command, json.dumps(mine)], env=env))
         _watch(procs, study, total, label, progress)
     finally:
         _stop(procs)
@@ -89,20 +91,3 @@ def _stop(procs) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def main(argv: list[str]) -> int:
-    from autofuse.tuner import search_only
-
-    try:
-        search_only(**json.loads(argv[0]))
-    except AutofuseError as exc:
-        print(f"autofuse worker {os.getpid()}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

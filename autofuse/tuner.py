@@ -5,7 +5,8 @@ each (a crash, hang or wrong answer is a recorded outcome), then the best few ar
 interleaved with eager in one run and the simplest one within the noise of the fastest wins.
 The winner for inference, and the best autograd-capable variant for calls that need
 gradients, are written to the dispatch table. Several processes may search one study at once
-(``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``.
+(``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``;
+each of the ``workers`` processes runs this module (``main``), which calls ``search_only``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import json
 import random
+import sys
 import time
 from collections.abc import Mapping
 
 import torch
 
 from autofuse import parallel, registry, study as studies
-from autofuse.errors import InputError, TableError
+from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.evaluate import BASELINE
 from autofuse.outcome import Outcome
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
@@ -154,7 +157,7 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
     if plan.workers > 1:
         parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
-                        plan.workers, study, total, label, plan.progress)
+                        plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tuner"])
         # What they left undone (a worker died, say) this process searches for itself.
         timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
     results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
@@ -256,3 +259,19 @@ def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_wi
         rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
         rescue.record_many(items)
         print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
+
+
+def main(argv: list[str]) -> int:
+    """A ``--workers`` process (``python -m autofuse.tuner SPEC``): ``search_only(**SPEC)``."""
+    try:
+        search_only(**json.loads(argv[0]))
+    except AutofuseError as exc:
+        print(f"autofuse worker {os.getpid()}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -225,5 +225,5 @@ def test_workers_share_the_cores_for_nvcc(monkeypatch, preset, expected):
 
     monkeypatch.setattr(parallel.subprocess, "Popen", Finished)
     spec = {"settings": {"device": "cpu", "seed": 0}, "plan": {}}
-    parallel.search(spec, 3, optuna.create_study(), total=4, label="test", progress=False)
+    parallel.search(spec, 3, optuna.create_study(), total=4, label="test", progress=False, command=["search"])
     assert [env["AUTOFUSE_BUILD_JOBS"] for env in envs] == [expected] * 3

@@ -14,7 +14,7 @@ import pathlib
 from itertools import groupby
 
 from autofuse import report_plots
-from autofuse.report import Entry, fingerprint_label, num
+from autofuse.report_entries import Entry, fingerprint_label, num
 from autofuse.table import DispatchKey
 
 STYLE = """

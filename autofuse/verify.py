@@ -2,8 +2,9 @@
 
 Each check case builds a fresh model (default init or randomized parameters), draws an
 input from one distribution, and compares the variant's output, and the state it leaves
-(BatchNorm running statistics), with a float64 copy of the reference. An output must be
-finite where the reference is, fully written (outputs are allocated over NaN-poisoned
+(BatchNorm running statistics), with a float64 copy of the reference. An output must first
+be what the reference returns (``check_contract``: its shape, dtype and device, contiguous),
+then finite where the reference is, fully written (outputs are allocated over NaN-poisoned
 memory on CUDA), within the problem's tolerance for the precision, and must not alias
 an earlier output; the input must come back unmodified.
 
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from autofuse.precision import dtype_name
 from autofuse.problem import Problem, Tolerance
 from autofuse.variant import Variant
 
@@ -87,6 +89,28 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
     block = torch.empty(max(nbytes, 1) // 4 + 1024, dtype=torch.float32, device=device)
     block.fill_(float("nan"))
     del block
+
+
+def check_contract(out, expected: torch.Tensor) -> str | None:
+    """Why ``out`` cannot stand in for ``expected`` (the reference's output at the checked dtype
+    and device), or None. A drop-in module returns what the reference returns: the same shape,
+    dtype and device, and a contiguous (dense, row-major) tensor, as every reference here
+    returns. Right values as float64 would turn the caller's next ops float64; in transposed
+    storage they make the caller's ``.view()`` raise and a kernel that reads ``data_ptr()`` row
+    by row read columns. Where a reference's own output is not contiguous, its strides are the
+    contract instead."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    for what, got, want in (("shape", tuple(out.shape), tuple(expected.shape)),
+                            ("dtype", dtype_name(out.dtype), dtype_name(expected.dtype)),
+                            ("device", str(out.device), str(expected.device))):
+        if got != want:
+            return f"the output's {what} must be the reference's {want}, got {got}"
+    if expected.is_contiguous() and not out.is_contiguous():
+        return f"the output must be contiguous as the reference's is (strides {expected.stride()}), got strides {out.stride()}"
+    if not expected.is_contiguous() and out.stride() != expected.stride():
+        return f"the output's strides must be the reference's {expected.stride()}, got {out.stride()}"
+    return None
 
 
 def compare(out, ref: torch.Tensor, floor: torch.Tensor | None, tol: Tolerance) -> tuple[float, str | None]:
@@ -179,6 +203,9 @@ def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> 
     poison_allocator(x.device, prepared.ref.numel() * 4 * 2)
     with torch.no_grad():
         out = variant(model, x)
+    reason = check_contract(out, prepared.floor)
+    if reason is not None:
+        return float("inf"), reason
     error, reason = compare(out, prepared.ref, prepared.floor, tol)
     if reason is None:
         reason = _check_side_effects(problem, model, prepared.ref_model, x, prepared.x, params_before, tol)
@@ -219,7 +246,7 @@ def _check_after_update(variant, problem, model, x, tol) -> str | None:
     floor = floor_output(model, x, variant.precision)
     with torch.no_grad():
         out = variant(model, x)
-    _, reason = compare(out, ref, floor, tol)
+    reason = check_contract(out, floor) or compare(out, ref, floor, tol)[1]
     return None if reason is None else f"after an in-place parameter update: {reason}"
 
 

@@ -1,16 +1,21 @@
 """The correctness gate must reject each classic wrong answer (at fp32, on CPU).
 
 Each wrong variant below is what a seed write-up got wrong; a gate that let any of them
-through would be unable to fail. The right answers (eager, simplified) pass the same gate.
+through would be unable to fail. So must it reject the decoys of tests/plugins/decoy_variants.py,
+right-looking answers no caller could drop in (float64, transposed storage, another device, a
+cache, ...), each saying why. The right answers (eager, simplified) pass the same gate.
 """
 
 import torch
 import torch.nn.functional as F
 import pytest
 
-from autofuse import registry
+import autofuse
+from autofuse import plugins, registry
+from autofuse.outcome import Outcome
 from autofuse.variant import FoldCache, Variant
 from autofuse.verify import check_cases, check_variant
+from helpers import use_test_plugins
 
 SHAPE = {"batch_size": 64, "in_features": 256, "out_features": 192}
 
@@ -135,3 +140,63 @@ def test_right_answers_pass_the_same_gate(problem, name):
 def _shape(problem):
     p = registry.get_problem(problem)
     return p.normalize_shape(dict(zip(p.dims, SHAPE.values())))
+
+
+# Each decoy of tests/plugins/decoy_variants.py, with what the gate's reason must say.
+DECOYS = [
+    ("matmul_gelu_softmax", "float64_output", "the output's dtype must be the reference's float32, got float64"),
+    ("matmul_gelu_softmax", "transposed_output", "the output must be contiguous as the reference's is"),
+    ("matmul_gelu_softmax", "meta_output", "the output's device must be the reference's cpu, got meta"),
+    ("matmul_gelu_softmax", "nonnegative_only", "relative L2 error"),
+    ("matmul_gelu_softmax", "cached_by_shape", "outputs alias"),
+    ("matmul_gelu_softmax", "cached_by_data_ptr", "outputs alias"),
+    ("matmul_gelu_softmax", "mutates_input", "the input was modified"),
+    ("matmul_gelu_softmax", "noisy", "relative L2 error"),
+    ("matmul_gelu_softmax", "wrong_one_call_in_four", "relative L2 error"),
+    ("matmul_gelu_softmax", "weights_snapshotted", "relative L2 error"),
+    ("matmul_clamp_lse_mish", "flat_output", "the output's shape must be the reference's"),
+]
+# (batch, in, out) tuned: a moderate one, batch 1 (a transposed (1, N) is contiguous), an odd one.
+DECOY_SIZES = [(64, 256, 192), (1, 37, 53), (5, 33, 7)]
+
+
+@pytest.fixture
+def decoys(monkeypatch):
+    use_test_plugins(monkeypatch, "decoy_variants")
+    yield
+    monkeypatch.delenv("AUTOFUSE_PLUGINS")
+    plugins.reset_plugin_manager()
+
+
+@pytest.mark.parametrize("sizes", DECOY_SIZES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("problem,name,says", DECOYS, ids=[name for _, name, _ in DECOYS])
+def test_gate_rejects_the_decoys_saying_why(decoys, problem, name, says, sizes):
+    prob = registry.get_problem(problem)
+    cases = check_cases(prob, dict(zip(prob.dims, sizes)), seed=321)
+    result = check_variant(registry.get_variant(problem, name)("fp32"), prob, cases, "cpu")
+    assert not result.ok, f"{name} passed the gate for {problem} at {sizes} (error {result.error:.3g})"
+    assert says in result.reason, f"{name}: the reason should say {says!r}, got {result.reason!r}"
+
+
+def test_a_tune_records_the_contract_decoys_as_incorrect_and_eager_wins(decoys, tmp_path):
+    """The issue's two: right values as float64, and in transposed storage, had passed ("ok")."""
+    names = ["eager", "float64_output", "transposed_output"]
+    [result] = autofuse.tune("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40},
+                             device="cpu", table=tmp_path / "t.json", seed=3, variants=names, trial_timeout=120,
+                             autograd_entry=False, progress=False)
+    rows = {row.variant: row.result for row in result.rows}
+    assert {name: rows[name].outcome for name in names} == {
+        "eager": Outcome.OK, "float64_output": Outcome.INCORRECT, "transposed_output": Outcome.INCORRECT}
+    assert "dtype must be the reference's float32, got float64" in rows["float64_output"].reason
+    assert "must be contiguous" in rows["transposed_output"].reason
+    assert result.winner["variant"] == "eager"
+
+
+@pytest.mark.parametrize("problem", ["gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])
+@pytest.mark.parametrize("name", ["eager", "simplified"])
+def test_right_answers_in_bfloat16_return_bfloat16(problem, name):
+    """A bfloat16 model's output is bfloat16, and the right answers keep that contract."""
+    prob = registry.get_problem(problem)
+    cases = check_cases(prob, _shape(problem), 321)
+    result = check_variant(registry.get_variant(problem, name)("bf16"), prob, cases, "cpu", dtype=torch.bfloat16)
+    assert result.ok, result.reason

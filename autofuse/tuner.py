@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import json
+import os
 import random
 import sys
 import time

@@ -29,6 +29,7 @@ KIND_COMPLEXITY = {
     "cuda_naive": 3,
     "cuda_tiled": 4,
     "cuda_templated": 5,
+    "triton": 6,  # a JIT toolchain beside the GEMM: kept only where it beats the simpler kinds
 }
 DEVICES = ("cpu", "cuda")
 

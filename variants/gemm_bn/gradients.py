@@ -25,13 +25,37 @@ import torch
 
 from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
 from autofuse.precision import linear
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+
+
+# Rows × columns per program of the backward's two Triton passes (512-byte rows).
+BACKWARD_BLOCK = (64, 128)
 
 
 def column_sums(grad: torch.Tensor, z: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ_rows g, Σ_rows g·(z − μ)) per column, accumulated in float32 or better."""
+    """(Σ_rows g, Σ_rows g·(z − μ)) per column, accumulated in float32 or better: one pass of a
+    Triton kernel over g and z where it can run (per-chunk sums, added here), else torch."""
+    if fused_kernels_apply(grad, z, mean):
+        rows, cols = BACKWARD_BLOCK
+        chunks = -(-grad.shape[0] // rows)
+        part_g, part_gc = torch.empty(2, chunks, grad.shape[1], device=grad.device)
+        problem_kernels("gemm_bn").column_grad_sums[(chunks, -(-grad.shape[1] // cols))](
+            grad, z, mean, part_g, part_gc, grad.shape[0], grad.shape[1], BLOCK_R=rows, BLOCK_C=cols)
+        return part_g.sum(0), part_gc.sum(0)
     acc = torch.promote_types(grad.dtype, torch.float32)
     grad = grad.to(acc)
     return grad.sum(0), (grad * (z.to(acc) - mean)).sum(0)
+
+
+def _bn_backward(grad, z, mean, a, b, c) -> torch.Tensor:
+    """dz = a·g + b + c·(z − μ) with per-column a, b, c: one pass (a Triton kernel where it can run)."""
+    if fused_kernels_apply(grad, z, mean, a, b, c):
+        rows, cols = BACKWARD_BLOCK
+        dz = torch.empty_like(grad)
+        problem_kernels("gemm_bn").bn_backward[(-(-grad.shape[0] // rows), -(-grad.shape[1] // cols))](
+            grad, z, mean, a, b, c, dz, grad.shape[0], grad.shape[1], BLOCK_R=rows, BLOCK_C=cols)
+        return dz
+    return a * grad + b + c * (z - mean)
 
 
 def train_backward(saved, grad, needs, precision, eps: float):
@@ -45,7 +69,8 @@ def train_backward(saved, grad, needs, precision, eps: float):
     r = torch.rsqrt(scale * scale * var + eps)
     gam = gamma if gamma is not None else torch.ones_like(r)
     sum_g, sum_gc = column_sums(grad, z, mean)
-    dz = (scale * gam * r) * (grad - sum_g / n - (z - mean) * (scale * scale * r * r * sum_gc / n))
+    a = scale * gam * r  # dz = a·(g − S/n − (z − μ)·s²r²·C/n), per column
+    dz = _bn_backward(grad, z, mean, a, -a * sum_g / n, -a * scale * scale * r * r * sum_gc / n)
     dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
     db = torch.zeros_like(scale) if needs[2] else None
     ds = gam * eps * r ** 3 * sum_gc if needs[3] else None

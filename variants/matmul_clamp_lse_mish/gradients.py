@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
 from autofuse.precision import linear
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
 
 def output_grad(z: torch.Tensor) -> torch.Tensor:
@@ -29,10 +30,17 @@ def output_grad(z: torch.Tensor) -> torch.Tensor:
 
 
 def epilogue_backward(y, z, grad, t: float, lo: float, hi: float) -> torch.Tensor:
-    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1)."""
+    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1): one pass of a
+    Triton row kernel where it can run, else torch."""
     acc = torch.promote_types(z.dtype, torch.float32)
-    v = y.to(acc) * t
     gz = grad.to(acc) * output_grad(z.to(acc))
+    if fused_kernels_apply(y, z, gz):
+        kernels = problem_kernels("matmul_clamp_lse_mish")
+        dy = torch.empty_like(y)
+        kernels.clamp_lse_backward[(y.shape[0],)](y, z, gz, dy, t, lo, hi, y.shape[1],
+                                                  BLOCK_N=kernels.row_block(y.shape[1]))
+        return dy
+    v = y.to(acc) * t
     inside = (v >= lo) & (v <= hi)
     return torch.where(inside, torch.exp(v.clamp(lo, hi) - z) * (gz * t), torch.zeros((), dtype=acc, device=y.device))
 

@@ -19,6 +19,7 @@ import torch
 
 from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
 from autofuse.precision import linear
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -30,7 +31,14 @@ def gelu_grad(y: torch.Tensor) -> torch.Tensor:
 
 
 def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays)."""
+    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays):
+    one pass of a Triton row kernel where it can run, else torch."""
+    if fused_kernels_apply(y, out, grad):
+        kernels = problem_kernels("matmul_gelu_softmax")
+        dy = torch.empty_like(out)
+        kernels.gelu_softmax_backward[(out.shape[0],)](y, out, grad, dy, out.shape[1],
+                                                       BLOCK_N=kernels.row_block(out.shape[1]))
+        return dy
     acc = torch.promote_types(out.dtype, torch.float32)
     out, grad = out.to(acc), grad.to(acc)
     dot = (grad * out).sum(dim=1, keepdim=True)

@@ -128,7 +128,7 @@ def _entry(table, fingerprint, prob, shape, precision, mode) -> dict | None:
 
 def _variant_row(prob, cls, shape, device, precision, mode, entry, x, model):
     tuned = (entry or {}).get("candidates", {}).get(cls.name, {})
-    configs = cls.configs(shape, torch.device(device).type)
+    configs = cls.configs_for(shape, torch.device(device).type, precision)
     if not configs:
         return BenchRow(cls.name, "variant", {}, note="no valid configuration at this shape"), None
     params = tuned.get("params") if tuned.get("params") in configs else configs[0]

@@ -64,7 +64,7 @@ def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", 
         # Configurations may depend on the shape (a row held in registers): each shape checks
         # the given one where it is valid, else that shape's default.
         cases = conformance_cases(problem, seed, (shape,))
-        valid = variant_cls.configs(cases[0].shape, torch.device(device).type)
+        valid = variant_cls.configs_for(cases[0].shape, torch.device(device).type, precision)
         if not valid or (params is not None and params not in valid):
             continue
         instance = variant_cls(precision, **(params if params is not None else valid[0]))

@@ -120,7 +120,7 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     spaces = {}
     for name, variant in table.items():
         if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
-            configs = variant.configs(shape, device_type)
+            configs = variant.configs_for(shape, device_type, settings["precision"])
             if configs:
                 spaces[name] = configs
     if not spaces:

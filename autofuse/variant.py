@@ -70,6 +70,12 @@ class Variant:
         return [{}]
 
     @classmethod
+    def configs_for(cls, shape: Mapping[str, int], device: str, precision: str) -> list[dict[str, Any]]:
+        """The configurations worth searching at ``precision``, the default first: ``configs``
+        unless some only make sense at some precisions (a Triton kernel's bf16 casts)."""
+        return cls.configs(shape, device)
+
+    @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
         """Why this variant cannot run on ``device`` here (no nvcc, ...), or None."""
         if device not in cls.devices:

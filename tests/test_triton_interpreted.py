@@ -31,7 +31,7 @@ def _run(*args):
 @pytest.mark.parametrize("config", ["persistent-pointers", "grid-tma"])
 @pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
 def test_triton_variant_passes_the_gate_interpreted(problem, config):
-    _run("gate", problem, config, "fp32,bf16")
+    _run("gate", problem, config, "fp32,tf32,bf16")
 
 
 def test_triton_backward_kernels_match_the_torch_formulas_interpreted():

@@ -59,25 +59,27 @@ class TritonGemmBn(TritonVariant):
         return self._eval_fused(x, gemm.weight, k, shift, save=False)[0]
 
     def _eval_fused(self, x, weight, k, shift, save):
-        x, w, _ = self.operands(x, weight, None, "gemm")
+        x, xs, weights, _ = self.operands(x, weight, None, "gemm")
+        w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
         out = torch.empty(batch, n_out, device=x.device)
         z = torch.empty_like(out) if save else out  # out: an unused pointer
         self.module().gemm_affine[self.grid(x, n_out)](
-            **self.main_loop(x, w), k_ptr=k, shift_ptr=shift, out_ptr=out, z_ptr=z, M=batch, N=n_out, K=n_in,
+            **self.main_loop(xs, weights), k_ptr=k, shift_ptr=shift, out_ptr=out, z_ptr=z, M=batch, N=n_out, K=n_in,
             SAVE_Z=save)
         return out, ((x, w, z, k) if save else ())
 
     def _train(self, model, ops, x, weight, save):
-        x, w, _ = self.operands(x, weight, None, "gemm")
+        x, xs, weights, _ = self.operands(x, weight, None, "gemm")
+        w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         kernels, tile_m = self.module(), self.params["block_m"]
         row_tiles = -(-batch // tile_m)
         z = torch.empty(batch, n_out, device=x.device)
         part_mean, part_m2 = torch.empty(2, row_tiles, n_out, device=x.device)
         kernels.gemm_column_partials[self.grid(x, n_out)](
-            **self.main_loop(x, w), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2, M=batch, N=n_out, K=n_in)
+            **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2, M=batch, N=n_out, K=n_in)
         mean, var, coef = torch.empty(3, n_out, device=x.device)
         update = ops.running_mean is not None
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed

@@ -36,7 +36,8 @@ class TritonClampLseMish(TritonVariant):
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)
 
     def _fused(self, x, weight, bias, scalars, save):
-        x, w, b = self.operands(x, weight, bias, "matmul")
+        x, xs, weights, b = self.operands(x, weight, bias, "matmul")
+        w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         kernels = self.module()
         parts = -(-n_out // self.params["block_n"])
@@ -44,7 +45,7 @@ class TritonClampLseMish(TritonVariant):
         part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
         t, lo, hi = scalars
         kernels.gemm_clamp_lse_partials[self.grid(x, n_out)](
-            **self.main_loop(x, w), bias_ptr=b, y_ptr=y, part_max_ptr=part_max, part_sum_ptr=part_sum,
+            **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, part_max_ptr=part_max, part_sum_ptr=part_sum,
             t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save)
         z, out = torch.empty(2, batch, 1, device=x.device)
         kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, parts,

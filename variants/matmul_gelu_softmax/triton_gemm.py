@@ -34,7 +34,8 @@ class TritonGeluSoftmax(TritonVariant):
         return fused_call(self._op, x, model.linear.weight, model.linear.bias)
 
     def _fused(self, x, weight, bias, save):
-        x, w, b = self.operands(x, weight, bias, "linear")
+        x, xs, weights, b = self.operands(x, weight, bias, "linear")
+        w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         kernels = self.module()
         parts = -(-n_out // self.params["block_n"])
@@ -42,7 +43,7 @@ class TritonGeluSoftmax(TritonVariant):
         y = torch.empty(batch, n_out, device=x.device) if save else logits
         part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
         kernels.gemm_gelu_partials[self.grid(x, n_out)](
-            **self.main_loop(x, w), bias_ptr=b, logits_ptr=logits, y_ptr=y, part_max_ptr=part_max,
+            **self.main_loop(xs, weights), bias_ptr=b, logits_ptr=logits, y_ptr=y, part_max_ptr=part_max,
             part_sum_ptr=part_sum, M=batch, N=n_out, K=n_in, SAVE_Y=save)
         kernels.softmax_normalize[(batch,)](logits, part_max, part_sum, n_out, parts,
                                             BLOCK_N=kernels.row_block(n_out), BLOCK_P=kernels.parts_block(parts))

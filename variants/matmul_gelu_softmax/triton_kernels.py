@@ -14,16 +14,18 @@ from autofuse.triton_gemm import gelu, gelu_grad, tile_accumulator, tile_coords
 
 
 @triton.jit
-def gemm_gelu_partials(x_ptr, w_ptr, x_desc, w_desc, bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr,
+def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
+                     bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr,
                        M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                        INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, w_ptr, x_desc, w_desc, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               PRECISION, TMA, EVEN_K, INTERPRET)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                               MODE, TMA, EVEN_K, INTERPRET)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rm < M

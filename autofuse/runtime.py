@@ -6,7 +6,8 @@ KernelBench ``Model``'s state_dict loads into it). Per call, (shape, dtype, devi
 need, train/eval) is looked up in a dict of ready callables: no file I/O, no compilation.
 A new key is resolved once from the dispatch table (read once per module): the entry tuned
 at the requested precision, else one tuned at a stricter precision or the nearest batch size
-(``autofuse.dispatch``), else the reference, each said once.
+(``autofuse.dispatch``), else the reference, each said once. With tune-on-miss
+(``autofuse.background``) a miss also queues a background tune whose winner is swapped in.
 
 Grad need is ``torch.is_grad_enabled() and (x.requires_grad or a parameter requires grad)``:
 under ``no_grad()`` or ``inference_mode()`` the key is the no-grad one. A call in grad mode
@@ -20,11 +21,12 @@ counter); only their ``requires_grad`` flags are read, and only in grad mode.
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 from torch import nn
 
-from autofuse import registry
+from autofuse import background, registry
 from autofuse.dispatch import Found, candidates
 from autofuse.errors import TableError
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
@@ -40,39 +42,45 @@ _registrations = [0]
 _hooks_installed = False
 
 
-def get_module(problem: str, *init_args, table=None, precision: str = "fp32", **init_kwargs) -> nn.Module:
+def get_module(problem: str, *init_args, table=None, precision: str = "fp32", tune_on_miss=None,
+               **init_kwargs) -> nn.Module:
     """The reference model of ``problem`` built from ``init_args``, dispatching to tuned variants.
 
     ``problem`` is a name, an alias or the path of a KernelBench file; ``table`` is a path (or
     DispatchTable) to read instead of ``$AUTOFUSE_HOME/table.json``; ``precision`` ("ieee",
-    "fp32", "tf32", "bf16") is part of every lookup.
+    "fp32", "tf32", "bf16") is part of every lookup. ``tune_on_miss`` (True, a
+    ``background.TuneOnMiss`` budget, or None: ``$AUTOFUSE_TUNE_ON_MISS``) tunes untuned keys
+    in a background process.
     """
     prob = registry.get_problem(problem)
     check_precision(precision)
+    budget = background.budget(tune_on_miss)
     module = _dispatching_subclass(prob.model)(*init_args, **init_kwargs)
-    _attach(module, prob, precision, table, init_args, init_kwargs)
+    _attach(module, prob, precision, table, init_args, init_kwargs, budget)
     return module
 
 
-def dispatching_class(problem, *, model: type | None = None, table=None, precision: str = "fp32") -> type:
+def dispatching_class(problem, *, model: type | None = None, table=None, precision: str = "fp32",
+                      tune_on_miss=None) -> type:
     """A subclass of ``model`` (default: the problem's reference class) whose instances dispatch
     like ``get_module``'s: constructed from the reference's own init args, so it drops in
     wherever the reference class is named (KernelBench's ``ModelNew``). ``problem`` is a name,
     a path or a registered Problem; ``model`` must take the same init args as its reference."""
     prob = registry.get_problem(problem if isinstance(problem, str) else problem.name)
     check_precision(precision)
+    budget = background.budget(tune_on_miss)
     base = _dispatching_subclass(model or prob.model)
 
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
-        _attach(self, prob, precision, table, args, kwargs)
+        _attach(self, prob, precision, table, args, kwargs, budget)
 
     return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__, "__doc__": base.__doc__})
 
 
-def _attach(module: nn.Module, prob, precision: str, table, args: tuple, kwargs: dict) -> None:
+def _attach(module: nn.Module, prob, precision: str, table, args: tuple, kwargs: dict, budget=None) -> None:
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
-    module._autofuse = Dispatcher(prob, precision, table, (tuple(args), dict(kwargs)))
+    module._autofuse = Dispatcher(prob, precision, table, (tuple(args), dict(kwargs)), budget)
 
 
 def _dispatching_subclass(model_cls: type) -> type:
@@ -110,12 +118,15 @@ def _apply_and_forget(self, fn, *args, **kwargs):
 def _dispatch_info(self, x) -> dict:
     """Which variant a call with ``x`` dispatches to, and why (resolving it if needed): ``variant``,
     ``params``, ``source`` ("tuned", "tuned at fp32", "nearest batch (...)", "no entry: reference",
-    ...), ``precision`` (the one it runs at) and ``entry``."""
+    ...), ``precision`` (the one it runs at), ``entry``, and with tune-on-miss ``tune_on_miss``."""
     dispatcher = self._autofuse
     key = dispatcher.call_key(self, x)
     if key not in dispatcher.ready:
         dispatcher.resolve(self, x, key)
-    return dict(dispatcher.info[key])
+    info = dict(dispatcher.info[key])
+    if key in dispatcher.tunes:
+        info["tune_on_miss"] = dispatcher.tunes[key].status
+    return info
 
 
 def _count_registration(*_args) -> None:
@@ -134,14 +145,19 @@ class Dispatcher:
     """Per-module dispatch state: ready callables by call key, and what each one is, and the
     (args, kwargs) the module was built from (a KernelBench file problem reads its sizes there)."""
 
-    def __init__(self, problem, precision: str, table: DispatchTable, init_args: tuple[tuple, dict] | None = None):
+    def __init__(self, problem, precision: str, table: DispatchTable, init_args: tuple[tuple, dict] | None = None,
+                 budget: background.TuneOnMiss | None = None):
         self.problem, self.precision, self.table, self.init_args = problem, precision, table, init_args
+        self.budget = budget
         self.ready: dict[tuple, object] = {}
         self.info: dict[tuple, dict] = {}
+        self.tunes: dict[tuple, object] = {}  # call key -> its background tune
+        self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
         self._document: dict | None = None
         self._said: set[str] = set()
         self._params: tuple = ()
         self._params_seen = -1
+        self._lock = threading.Lock()
         _install_registration_hooks()
 
     # -- the call key -----------------------------------------------------------
@@ -161,8 +177,10 @@ class Dispatcher:
         return (x.shape, x.dtype, x.device, grad, model.training)
 
     def forget(self) -> None:
-        self.ready.clear()
-        self._params_seen = -1
+        with self._lock:
+            self.epoch += 1
+            self.ready.clear()
+            self._params_seen = -1
 
     # -- resolving a key -----------------------------------------------------------
     def resolve(self, model, x, key) -> object:
@@ -172,6 +190,10 @@ class Dispatcher:
         dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])
         call, info = self.choose(self._load(), shape, dkey, x.device)
         self.info[key], self.ready[key] = info, call
+        if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
+            self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
+            self._say(f"tune on miss: {self.problem.name} {shape_key(shape)} at {self.precision} is tuned in the "
+                      f"background (log {tune.log_path}); its winner replaces {info['variant']} once written")
         return call
 
     def choose(self, document: dict, shape: dict | None, dkey: DispatchKey, device: torch.device) -> tuple:
@@ -224,6 +246,24 @@ class Dispatcher:
         return EagerVariant(self.precision), {"variant": "eager", "params": {}, "source": how,
                                               "precision": self.precision, "entry": None}
 
+    def refresh(self, waiting: list) -> None:
+        """Re-resolve keys waiting on background tunes against the table as it is now (the
+        watcher thread calls this, off the call path) and swap in what changed."""
+        try:
+            document = self.table.load()
+        except TableError:
+            return
+        self._document = document
+        for item in waiting:
+            call, info = self.choose(document, item.shape, item.dkey, item.device)
+            with self._lock:
+                old = self.info.get(item.key)
+                if item.epoch != self.epoch or old is None or _same(old, info):
+                    continue
+                self.info[item.key], self.ready[item.key] = info, call
+            self._say(f"{self.problem.name} {shape_key(item.shape)} ({item.dkey.to_str()}) now runs "
+                      f"{info['variant']} ({info['source']}), tuned in the background")
+
     def _load(self) -> dict:
         if self._document is None:
             try:
@@ -238,3 +278,6 @@ class Dispatcher:
             self._said.add(message)
             log.warning("autofuse: %s", message)
 
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("variant", "params", "source", "precision"))

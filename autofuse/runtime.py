@@ -40,6 +40,7 @@ _is_grad_enabled = torch.is_grad_enabled
 # Bumped by torch's global hooks whenever any module registers a parameter or a submodule.
 _registrations = [0]
 _hooks_installed = False
+_KEPT_ON_COPY = ("problem", "precision", "table", "init_args", "budget", "_document", "_said")
 
 
 def get_module(problem: str, *init_args, table=None, precision: str = "fp32", tune_on_miss=None,
@@ -149,16 +150,28 @@ class Dispatcher:
                  budget: background.TuneOnMiss | None = None):
         self.problem, self.precision, self.table, self.init_args = problem, precision, table, init_args
         self.budget = budget
+        self._document: dict | None = None
+        self._said: set[str] = set()
+        self._reset()
+        _install_registration_hooks()
+
+    def _reset(self) -> None:
         self.ready: dict[tuple, object] = {}
         self.info: dict[tuple, dict] = {}
         self.tunes: dict[tuple, object] = {}  # call key -> its background tune
         self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
-        self._document: dict | None = None
-        self._said: set[str] = set()
         self._params: tuple = ()
         self._params_seen = -1
         self._lock = threading.Lock()
-        _install_registration_hooks()
+
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy of the module) resolves its keys afresh: the built variants,
+        # the parameter cache, the lock and the background tunes are this module's.
+        return {k: v for k, v in self.__dict__.items() if k in _KEPT_ON_COPY}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
 
     # -- the call key -----------------------------------------------------------
     def parameters_need_grad(self, model) -> bool:

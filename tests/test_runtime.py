@@ -1,5 +1,6 @@
 """get_module: a drop-in for the reference model that dispatches each call through the table."""
 
+import copy
 import logging
 
 import pytest
@@ -337,3 +338,15 @@ def test_what_changes_the_grad_need_between_calls_is_seen():
     assert marker() == 1.0 and not module(x).requires_grad
     x.requires_grad_()
     assert marker() == 2.0 and module(x).requires_grad
+
+
+def test_a_deep_copy_dispatches_on_its_own():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True)
+    module, x = module_for("matmul_gelu_softmax"), torch.randn(B, IN)
+    want = module(x)
+    twin = copy.deepcopy(module)
+    assert twin._autofuse is not module._autofuse and not twin._autofuse.ready
+    assert_close(twin(x), want, atol=0, rtol=0)
+    assert twin.dispatch_info(x)["source"] == "tuned"
+    twin.requires_grad_(False)  # its own parameters: the original still needs grad
+    assert not twin(x).requires_grad and module(x).requires_grad

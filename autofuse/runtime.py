@@ -96,7 +96,10 @@ def _dispatching_subclass(model_cls: type) -> type:
 
 
 def _dispatch_forward(self, x):
-    # The hot path: one attribute read, the key, one dict lookup (tests/device/hot_path.py).
+    # The hot path: one attribute read, the key, one dict lookup. With a stub variant it cost
+    # 2.4 µs per call, of which nn.Module.__call__ 1.35 and the stub 0.3 (min of 15, loaded 2-core
+    # CPU); the key's old model.parameters() walk alone cost 5.6 µs in grad mode. On the GPU:
+    # tests/device/hot_path.py.
     dispatcher = self._autofuse
     try:
         grad = _is_grad_enabled() and (x.requires_grad or dispatcher.parameters_need_grad(self))
@@ -198,6 +201,7 @@ class Dispatcher:
     # -- resolving a key -----------------------------------------------------------
     def resolve(self, model, x, key) -> object:
         self.problem.check_input(model, x)
+        key = key if key is not None else self.call_key(model, x)
         check_dtype(x.dtype, self.precision)
         shape = self.problem.shape_of(model, x)
         dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])

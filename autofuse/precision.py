@@ -93,10 +93,10 @@ _GET_CUBLAS, _GET_CUDNN, _SET_CUBLAS, _SET_CUDNN = _flag_accessors()
 class math_mode:  # noqa: N801 - used as ``with math_mode(precision):``, like a function
     """Run the body with TF32 allowed exactly when ``precision == "tf32"``.
 
-    A class that sets only the flags that differ through torch's C accessors, not a
+    A class that sets the flags that differ through torch's C accessors, not a
     generator-based contextmanager setting both properties: every dispatched call enters it,
-    and the generator version cost 9.3-10.7 µs per call against 1.0-1.5 µs for this one (two
-    shared CPU cores, torch 2.13, flags at their defaults).
+    and the generator version cost 4.4 µs per call against 0.77 µs for this one (best of 7 ×
+    50,000, 2-core CPU, torch 2.13, flags at their defaults; 10 against 1.5 µs under load).
     """
 
     __slots__ = ("_allow", "_saved")
@@ -113,11 +113,9 @@ class math_mode:  # noqa: N801 - used as ``with math_mode(precision):``, like a 
             _SET_CUDNN(allow)
 
     def __exit__(self, *exc) -> None:
-        allow, (cublas, cudnn) = self._allow, self._saved
-        if cublas is not allow:
-            _SET_CUBLAS(cublas)
-        if cudnn is not allow:
-            _SET_CUDNN(cudnn)
+        cublas, cudnn = self._saved  # restored even if unchanged here: the body may have set them
+        _SET_CUBLAS(cublas)
+        _SET_CUDNN(cudnn)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:

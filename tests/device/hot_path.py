@@ -2,7 +2,8 @@
 
     python3 tests/device/hot_path.py                        # cuda if present, every problem
     python3 tests/device/hot_path.py --device cpu --problem gemm_bn --rounds 30 --calls 300
-    python3 tests/device/hot_path.py --table benchmarks/table.json --json out.json
+    autofuse tune matmul_gelu_softmax --shape batch_size=8,in_features=64,out_features=64 --table /tmp/t.json
+    python3 tests/device/hot_path.py --problem matmul_gelu_softmax --table /tmp/t.json --json out.json
 
 At a tiny shape, where the host's work is the whole cost, times three ways of making one call,
 interleaved round by round (each round: ``--calls`` calls of each, in rotating order, then a
@@ -16,7 +17,13 @@ p20-p80 of µs per call over rounds, and the median (p20-p80) of each round's pa
 dispatch − variant (the target) and dispatch − plain. Last, rows with the chosen variant
 replaced by a stub returning x: the dispatch machinery alone, free of the kernels' noise
 (``plain`` there is still the reference). With an empty table (the default: a
-fresh ``$AUTOFUSE_HOME``) the chosen variant is the reference, the path the issue measured.
+fresh ``$AUTOFUSE_HOME``) the chosen variant is the reference, the path the issue measured;
+a table tuned at the tiny shape (second command above) times the tuned variants instead.
+
+CPU, 2 cores, torch 2.13, thread clock, 40 rounds × 200 calls: dispatch − variant 4.4-7.1 µs
+(median per problem and grad mode) on the reference path, 1.9-2.3 µs with the stub, of which
+nn.Module.__call__ is about 1.35; dispatch − plain 8.2-12.0 µs (the variant's own layer:
+Variant.__call__, math_mode, EagerVariant.forward). The µs target is for the GPU's host.
 """
 
 import argparse

@@ -127,7 +127,10 @@ class Tune:
         """Reap or kill the process; True if it ended now."""
         code = self.proc.poll()
         if code is None and time.monotonic() - self.started > 3 * self.spec["timeout"] + 120:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the worker subprocess too
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the worker subprocess too
+            except ProcessLookupError:
+                pass  # it ended just now
             code = self.proc.wait()
             self._end(f"killed after {3 * self.spec['timeout'] + 120:g} s (log {self.log_path})")
             return True

@@ -205,6 +205,9 @@ class Dispatcher:
         check_dtype(x.dtype, self.precision)
         shape = self.problem.shape_of(model, x)
         dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])
+        if shape is None:
+            self._say(f"no shape of {self.problem.name} describes a call with input {tuple(x.shape)} on a model "
+                      f"built from {self.init_args}; running the reference")
         call, info = self.choose(self._load(), shape, dkey, x.device)
         self.info[key], self.ready[key] = info, call
         if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
@@ -215,9 +218,7 @@ class Dispatcher:
 
     def choose(self, document: dict, shape: dict | None, dkey: DispatchKey, device: torch.device) -> tuple:
         """(callable, info) for a call at ``shape`` and ``dkey`` on ``device``, from ``document``."""
-        if shape is None:
-            self._say(f"no shape of {self.problem.name} describes a call on a model built from "
-                      f"{self.init_args}; running the reference")
+        if shape is None:  # resolve said so, naming the input
             return self._reference("no shape: reference")
         fingerprint = fingerprint_key(current_fingerprint(device))
         shapes = document.get("devices", {}).get(fingerprint, {}).get("problems", {}).get(self.problem.name, {})

@@ -212,9 +212,10 @@ def _bench_markdown_from_out(args) -> None:
     charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
     command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench --from-out ..."
     command += f"` from the reports that earlier `autofuse bench` runs saved in `{args.out}"
-    analysis = pathlib.Path(args.out) / ANALYSIS_FILE
-    target.write_text(markdown(reports, command, charts, target.parent,
-                               analysis.read_text() if analysis.exists() else None))
+    # The hand-written analysis, then what tests/device/kernelbench_harness.py wrote into harness/.
+    written = [pathlib.Path(args.out) / ANALYSIS_FILE] + sorted((pathlib.Path(args.out) / "harness").glob("*.md"))
+    analysis = "\n\n".join(path.read_text().strip() for path in written if path.exists()) or None
+    target.write_text(markdown(reports, command, charts, target.parent, analysis))
     print(f"wrote {target} from {len(reports)} reports in {args.out}")
 
 

@@ -54,11 +54,14 @@ def test_markdown_is_rewritten_from_saved_reports_of_several_runs(tmp_path):
     for precision in ("fp32", "bf16"):  # two runs into one folder, as one per precision on the GPU
         save(bench("gemm_avgpool_gelu_residual", SMALL, device="cpu", precision=precision, use_compile=False, rounds=2), out)
     (out / "analysis.md").write_text("## Why\n\nThe cast of x costs what it costs.\n")
+    (out / "harness").mkdir()
+    (out / "harness" / "harness-fp32.md").write_text("## KernelBench's harness on the exported ModelNew\n\n| x |\n")
     (out / "table.json").write_text('{"schema": "autofuse-dispatch-table", "version": 1, "devices": {}}')  # benchmarks.sh keeps the tuned table there
     target = tmp_path / "B.md"
     assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
     text = target.read_text()
-    assert text.index("## Summary") < text.index("## Why\n\nThe cast of x") < text.index("## gemm_avgpool")
+    assert text.index("## Summary") < text.index("## Why\n\nThe cast of x") < text.index("## KernelBench's harness") \
+        < text.index("## gemm_avgpool")
     assert "(fp32, any)" in text and "(bf16, any)" in text
     assert text.count("| eager | - |") == 2
     summary = text.split("## Summary: time over the floor")[1].split("\n## ")[0]

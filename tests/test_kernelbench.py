@@ -276,3 +276,4 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert ours["timing"]["grad"]["model_new_ms"]["num_trials"] == 3 and ours["target"].startswith(">= no-grad")
     assert untuned["timing"]["grad"]["dispatch"] == "eager (no entry: reference)" and untuned["target"] == ">= 50x"
     assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
+    assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()

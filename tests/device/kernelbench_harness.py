@@ -232,13 +232,19 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = [run_one(problem, precision, args) for precision in args.precision for problem in args.problems]
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
-    print(f"\nKernelBench harness (eval_kernel_against_ref, cuda_event timing) on {device}, torch {torch.__version__}")
     current = CURRENT_TOLERANCE[torch.float32 if args.dtype == "float32" else torch.bfloat16]
-    print("\n".join(table_lines(results, args.correct_trials, current)))
+    lines = [f"## KernelBench's harness on the exported ModelNew ({', '.join(args.precision)}; {device}, torch {torch.__version__})", "",
+             f"`tests/device/kernelbench_harness.py`: eval_kernel_against_ref's procedure, {args.dtype}, "
+             f"{args.correct_trials} correctness trials at atol = rtol = {args.tolerance:g} (in brackets: passes at "
+             f"{current:g}, the current eval.py's), then {args.trials} timed trials with grad mode on, as the harness "
+             "runs them; the no-grad speedup is the same timing under torch.no_grad(), for the target.", ""]
+    lines += table_lines(results, args.correct_trials, current)
+    print("\n" + "\n".join(lines))
+    stem = args.out / f"harness-{'-'.join(args.precision)}"
     report = {"device": device, "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
-    path = args.out / f"harness-{'-'.join(args.precision)}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")  # `autofuse bench --from-out` includes it
+    print(f"wrote {stem}.json and .md")
     return 0 if all(r["verdict"] != "failed" for r in results) else 1
 
 

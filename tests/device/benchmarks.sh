@@ -23,19 +23,20 @@
 # harness ~15 s per problem and precision. COMPILE_MODES=default halves the compile cost,
 # BENCH_FLAGS=--no-compile removes it (the summary then says "not compared with torch.compile").
 #
-# GEMM-bound problems are tuned over eager, simplified, cublas_epilogue (GEMM_VARIANTS) and the
-# bench leaves out cuda_naive and cuda_tiled (BENCH_SKIP): they ran 7.5-450x the floor at these
+# GEMM-bound problems are tuned over eager, simplified, cublas_epilogue and triton
+# (GEMM_VARIANTS; a variant a precision does not admit, such as triton's 3xTF32 under ieee, is
+# passed over) and the bench leaves out cuda_naive and cuda_tiled (BENCH_SKIP): they ran 7.5-450x the floor at these
 # shapes (20-600 ms a call, BENCHMARKS.md of 2026-11-22). ieee is tuned with TRIALS_IEEE trials:
 # its variants are the float32-FMA ones that fp32 also tunes.
 #
-# On a CPU, to check the script itself in a minute: DEVICE=cpu SMALL=1 TRIALS=2 ROUNDS=1
+# On a CPU, to check the script itself (~1 minute a unit): DEVICE=cpu SMALL=1 TRIALS=2 ROUNDS=1
 # BENCH_FLAGS=--no-compile bash tests/device/benchmarks.sh fp32 (SMALL: the harness's --small sizes).
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 PRECISIONS=${*:-ieee fp32 tf32 bf16}
-TRIALS=${TRIALS:-8}; TRIALS_IEEE=${TRIALS_IEEE:-4}; ROUNDS=${ROUNDS:-5}
+TRIALS=${TRIALS:-10}; TRIALS_IEEE=${TRIALS_IEEE:-4}; ROUNDS=${ROUNDS:-5}
 STEPS=${STEPS:-tune bench grad harness}; UNITS=${UNITS:-51 99 22 bn-train bn-eval}
-GEMM_VARIANTS=${GEMM_VARIANTS:-eager,simplified,cublas_epilogue}
+GEMM_VARIANTS=${GEMM_VARIANTS:-eager,simplified,cublas_epilogue,triton}
 VARIANTS_51=${VARIANTS_51:-}  # 51's tune: every variant unless named here
 BENCH_SKIP=${BENCH_SKIP:-cuda_naive,cuda_tiled}; BENCH_SKIP_51=${BENCH_SKIP_51:-}
 COMPILE_MODES=${COMPILE_MODES:-default,max-autotune-no-cudagraphs}

@@ -7,12 +7,11 @@ called in-process too, which the tests do.
 
 from __future__ import annotations
 
-import torch
-
 from autofuse import registry
 from autofuse.errors import BuildError
 from autofuse.outcome import Outcome, TrialResult
 from autofuse.precision import parse_dtype
+from autofuse.step import forward_call, training_call
 from autofuse.timing import Timing, time_callable, time_interleaved
 from autofuse.variant import EagerVariant
 from autofuse.verify import CheckCase, build_case, check_cases, check_variant
@@ -62,21 +61,13 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
 
 
 def _timed_call(state: dict, job: Job, variant, autograd: bool):
-    """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init)."""
+    """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
+    a forward without autograd, or a training step (``autofuse.step``) for the autograd entry."""
     if "timing_case" not in state:
         problem = registry.get_problem(job.problem)
         case = CheckCase(job.shape, "rand", job.seed, randomize=False)
         state["timing_case"] = build_case(problem, case, job.device, parse_dtype(job.dtype), job.mode)
     model, x = state["timing_case"]
     if not autograd:
-        def call():
-            with torch.no_grad():
-                return variant(model, x)
-        return call
-    x_grad = x.detach().clone().requires_grad_(True)
-
-    def call_with_grad():
-        out = variant(model, x_grad)
-        out.backward(torch.ones_like(out))
-        return out
-    return call_with_grad
+        return forward_call(variant, model, x)
+    return training_call(variant, model, x, state.setdefault("upstream", {}))

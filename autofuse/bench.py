@@ -197,7 +197,7 @@ def _dispatch_row(setup: _Setup, table):
     its parameters requiring grad in grad mode, which takes the ``autograd=true`` entry."""
     prob, model = setup.prob, setup.model
     args, kwargs = prob.init_args(setup.shape)
-    module = get_module(prob.name, *args, table=table, precision=setup.precision, **kwargs)
+    module = get_module(prob.name, *args, table=table, precision=setup.precision, tune_on_miss=False, **kwargs)
     module.load_state_dict(model.state_dict())
     module.to(setup.x.device).train(model.training)
     for attr in ("scale_factor", "clamp_min", "clamp_max"):  # plain attributes the state_dict omits

@@ -64,7 +64,7 @@ class _Setup:
         model = self.model if model is None else model
         if self.step == FORWARD:
             return forward_call(run, model, self.x)
-        return training_call(run, model, self.x, self.upstream)
+        return training_call(run, model, self.x, self.upstream, self.precision)
 
 
 def bench(problem: str, shape=None, *, device: str | None = None, precision: str = "fp32", mode: str | None = None,

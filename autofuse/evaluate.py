@@ -70,4 +70,4 @@ def _timed_call(state: dict, job: Job, variant, autograd: bool):
     model, x = state["timing_case"]
     if not autograd:
         return forward_call(variant, model, x)
-    return training_call(variant, model, x, state.setdefault("upstream", {}))
+    return training_call(variant, model, x, state.setdefault("upstream", {}), job.precision)

@@ -107,14 +107,3 @@ def _bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def reduce_rows(t: torch.Tensor) -> torch.Tensor:
     """Σ over the batch in float32 (a bias gradient), whatever ``t``'s dtype."""
     return t.sum(0, dtype=torch.float32) if t.dtype != torch.float64 else t.sum(0)
-
-
-def with_math_mode(precision: str):
-    """A decorator running a forward under ``math_mode(precision)`` (a fused forward called
-    outside ``Variant.__call__``, e.g. from a test, keeps its precision)."""
-    def wrap(fn):
-        def run(*args, **kwargs):
-            with math_mode(precision):
-                return fn(*args, **kwargs)
-        return run
-    return wrap

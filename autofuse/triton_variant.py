@@ -27,6 +27,8 @@ from autofuse.cuda_variant import operand
 from autofuse.errors import InputError
 from autofuse.variant import FoldCache, Variant
 
+Pair = tuple[torch.Tensor, torch.Tensor]  # an operand and its low part (the operand again unless 3xTF32)
+
 # (BLOCK_M, BLOCK_N) pairs; BLOCK_K, stages, warps, group size, persistence and TMA are searched per pair.
 TILES = ((128, 128), (128, 256), (64, 128), (128, 64), (256, 128), (64, 256))
 BLOCK_KS = (32, 64)
@@ -179,7 +181,8 @@ class TritonVariant(Variant):
         reason = super().unavailable_reason(device) or triton_missing()
         if reason is None and device == "cpu" and not interpreting():
             reason = "runs on cuda (on the CPU only under TRITON_INTERPRET=1, Triton's interpreter)"
-        if reason is None and device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
+        old_gpu = device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0)
+        if reason is None and old_gpu:
             reason = f"needs tensor cores with TF32 (compute capability 8.0+), got {torch.cuda.get_device_capability()}"
         return reason
 
@@ -206,7 +209,7 @@ class TritonVariant(Variant):
             self._module = importlib.import_module(self.kernels, type(self).__module__.rpartition(".")[0])
         return self._module
 
-    def main_loop(self, xs: tuple[torch.Tensor, torch.Tensor], weights: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+    def main_loop(self, xs: Pair, weights: Pair) -> dict[str, Any]:
         """The keyword arguments every kernel's main loop takes: operands (pointers or TMA
         descriptors), tile sizes, the kernel's MODE, and the launch's warps and stages. ``xs`` and
         ``weights`` are ``operands()``'s pairs (the operand, and its low part under 3xtf32)."""
@@ -217,7 +220,8 @@ class TritonVariant(Variant):
         if p["tma"]:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            descs = tuple(TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in ((x, bm), (x_lo, bm), (w, bn), (w_lo, bn)))
+            blocks = ((x, bm), (x_lo, bm), (w, bn), (w_lo, bn))
+            descs = tuple(TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in blocks)
         return {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": descs[0], "x_lo_desc": descs[1],
                 "w_desc": descs[2], "w_lo_desc": descs[3], "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                 "GROUP_M": p["group_m"], "MODE": self.mode(), "TMA": p["tma"], "EVEN_K": x.shape[1] % bk == 0,
@@ -233,7 +237,8 @@ class TritonVariant(Variant):
 
     def operands(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str):
         """(x, (x's operand, x's low part), (W's operand, W's low part), bias), checked and contiguous,
-        errors naming expected and got (x itself is what the backward's GEMMs take). W's operands derive from the parameter once and are cached
+        errors naming expected and got (x itself is what the backward's GEMMs take). W's operands
+        derive from the parameter once and are cached
         until it changes; x's are made per call (``input_operands``). A missing bias is zeros."""
         n_out, n_in = weight.shape
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:

@@ -113,7 +113,8 @@ def train_op(forward, precision: str, eps: float) -> FusedOp:
 
 
 def eval_op(forward, precision: str) -> FusedOp:
-    """The FusedOp of an eval forward ``(x, weight, k, shift, save)`` returning (out, (x, weight operand, z or None, k))."""
+    """The FusedOp of an eval forward ``(x, weight, k, shift, save)`` returning
+    (out, (x, weight operand, z or None, k))."""
     return FusedOp(forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision), precision)
 
 

@@ -79,7 +79,8 @@ class TritonGemmBn(TritonVariant):
         z = torch.empty(batch, n_out, device=x.device)
         part_mean, part_m2 = torch.empty(2, row_tiles, n_out, device=x.device)
         kernels.gemm_column_partials[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2, M=batch, N=n_out, K=n_in)
+            **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2,
+            M=batch, N=n_out, K=n_in)
         mean, var, coef = torch.empty(3, n_out, device=x.device)
         update = ops.running_mean is not None
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed

@@ -16,11 +16,10 @@ from autofuse.triton_gemm import tile_accumulator, tile_coords
 
 
 @triton.jit
-def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                     k_ptr, shift_ptr, out_ptr, z_ptr, M, N, K,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr,
-                SAVE_Z: tl.constexpr):
+def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, k_ptr, shift_ptr, out_ptr,
+                z_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                INTERPRET: tl.constexpr, SAVE_Z: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
@@ -41,10 +40,9 @@ def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_l
 
 
 @triton.jit
-def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                     z_ptr, part_mean_ptr, part_m2_ptr, M, N, K,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
+def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, z_ptr,
+                         part_mean_ptr, part_m2_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
                          EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)

@@ -27,7 +27,8 @@ FINISH_ROWS = 16  # rows per program of the merge: (16 × tiles) pairs, a few KB
 class TritonClampLseMish(TritonVariant):
     name = "triton"
     problem = "matmul_clamp_lse_mish"
-    description = "tensor-core GEMM (TMA, persistent, grouped) with bias + scale + clamp + row LSE partials inside; logits never stored"
+    description = ("tensor-core GEMM (TMA, persistent, grouped) with bias + scale + clamp + row LSE partials "
+                   "inside; logits never stored")
     in_dim = "input_size"
 
     def forward(self, model, x):

@@ -14,11 +14,10 @@ from autofuse.triton_gemm import tile_accumulator, tile_coords
 
 
 @triton.jit
-def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                     bias_ptr, y_ptr, part_max_ptr, part_sum_ptr, t, lo, hi,
-                            M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
-                            EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
+def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, bias_ptr, y_ptr,
+                            part_max_ptr, part_sum_ptr, t, lo, hi, M, N, K, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr,
+                            TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):

@@ -24,7 +24,8 @@ from . import gradients
 class TritonGeluSoftmax(TritonVariant):
     name = "triton"
     problem = "matmul_gelu_softmax"
-    description = "tensor-core GEMM (TMA, persistent, grouped) with bias + GELU + softmax partials inside; one normalising pass"
+    description = ("tensor-core GEMM (TMA, persistent, grouped) with bias + GELU + softmax partials inside; "
+                   "one normalising pass")
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)

@@ -142,18 +142,23 @@ def _print_result(result) -> None:
 
     print(f"\n{result.problem} {shape_key(result.shape)} on {fingerprint_key(result.fingerprint)} ({result.key.to_str()})")
     eager = next((r.timing.median_ms for r in result.rows if r.variant == "eager" and r.ok), None)
+    # A column for variants that compile at their first call (torch.compile), where any did.
+    compiles = any(r.result is not None and r.result.compile_s is not None for r in result.rows)
     rows = []
     for row in sorted(result.rows, key=lambda r: (r.timing.median_ms if r.ok else float("inf"))):
-        timing = row.timing
+        timing, compile_s = row.timing, row.result.compile_s if row.result else None
         rows.append([
             row.variant, _params(row.params) if row.ok else "",
             f"{timing.median_ms:.4g}" if timing else "", f"{timing.p20_ms:.4g}-{timing.p80_ms:.4g}" if timing else "",
             f"{eager / timing.median_ms:.2f}x" if timing and eager else "",
             f"{row.result.error:.2e}" if row.result and row.result.error is not None else "",
+            *([f"{compile_s:.1f}" if compile_s is not None else ""] if compiles else []),
             row.result.outcome.value if row.result else "not run", row.trials,
             (row.result.reason or "")[:90] if row.result else "",
         ])
-    print(tabulate(rows, headers=["variant", "params", "median ms", "p20-p80", "vs eager", "error", "outcome", "trials", "reason"]))
+    headers = ["variant", "params", "median ms", "p20-p80", "vs eager", "error", *(["compile s"] if compiles else []),
+               "outcome", "trials", "reason"]
+    print(tabulate(rows, headers=headers))
     for label, entry in (("winner", result.winner), ("autograd winner", result.grad_winner)):
         if entry is not None:
             speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""

@@ -36,15 +36,20 @@ def evaluate(state: dict, job: Job, candidate: Candidate) -> TrialResult:
         variant.build(job.device)
     except BuildError as exc:
         return TrialResult(Outcome.COMPILE_FAILED, str(exc))
-    check = check_variant(
-        variant, problem, check_cases(problem, job.shape, job.seed), job.device,
-        dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
-        cache=state.setdefault("cases", {}),
-    )
+    try:
+        check = check_variant(
+            variant, problem, check_cases(problem, job.shape, job.seed), job.device,
+            dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
+            cache=state.setdefault("cases", {}),
+        )
+    except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
+    # Read before timing: the gate's first call ran at the timed shape, so it is the one that compiled.
+    compile_s = getattr(variant, "compile_seconds", None)
     if not check.ok:
-        return TrialResult(Outcome.INCORRECT, check.reason, check.error)
+        return TrialResult(Outcome.INCORRECT, check.reason, check.error, compile_s=compile_s)
     timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
-    return TrialResult(Outcome.OK, None, check.error, timing)
+    return TrialResult(Outcome.OK, None, check.error, timing, compile_s=compile_s)
 
 
 def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> dict[str, Timing]:

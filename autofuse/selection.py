@@ -94,4 +94,6 @@ def _entry(row: Row) -> dict:
         "eager_ms": row.eager_ms,
         "speedup": None if not row.eager_ms else row.eager_ms / timing.median_ms,
         "error": row.result.error,
+        # Seconds its first call compiled (torch.compile) when tuned: what a process's first call costs.
+        **({} if row.result.compile_s is None else {"compile_s": round(row.result.compile_s, 3)}),
     }

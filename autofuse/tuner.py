@@ -242,9 +242,16 @@ def _candidates(rows: list[Row]) -> dict:
         row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
                       "median_ms": row.timing.median_ms if row.ok else None,
                       "error": row.result.error if row.result else None,
-                      "reason": (row.result.reason or "")[:300] if row.result else ""}
+                      "reason": (row.result.reason or "")[:300] if row.result else "",
+                      **_compile_s(row)}
         for row in rows
     }
+
+
+def _compile_s(row: Row) -> dict:
+    """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
+    seconds = row.result.compile_s if row.result else None
+    return {} if seconds is None else {"compile_s": round(seconds, 3)}
 
 
 def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:

@@ -30,6 +30,10 @@ KIND_COMPLEXITY = {
     "cuda_tiled": 4,
     "cuda_templated": 5,
     "triton": 6,  # a JIT toolchain beside the GEMM: kept only where it beats the simpler kinds
+    # torch.compile: its first call in every process traces (dynamo) and compiles every kernel
+    # of the graph (seconds with inductor's cache warm, a minute or more cold), more than a
+    # hand-written Triton kernel's JIT, so at equal speed any other kind is kept over it.
+    "compiled": 7,
 }
 DEVICES = ("cpu", "cuda")
 

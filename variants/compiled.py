@@ -101,12 +101,15 @@ class CompiledVariant(Variant):
         if cudagraphs and not torch.is_grad_enabled():
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's outputs were copied out
         before, start = _graphs_compiled(), time.perf_counter()
-        with _swapped(self._bf16_weights(model) if autocast else []):
-            try:
-                out = self._compiled(model, x, autocast)
-            except torch._dynamo.exc.TorchDynamoException as exc:
-                raise BuildError(f"torch.compile({self.params}) failed on a {tuple(x.shape)} input: "
-                                 f"{type(exc).__name__}: {str(exc)[:1500]}") from exc
+        try:
+            if autocast:
+                with _swapped(self._bf16_weights(model)):
+                    out = self._compiled(model, x, True)
+            else:  # no context manager on the plain path: a small problem's call is tens of microseconds
+                out = self._compiled(model, x, False)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            raise BuildError(f"torch.compile({self.params}) failed on a {tuple(x.shape)} input: "
+                             f"{type(exc).__name__}: {str(exc)[:1500]}") from exc
         if _graphs_compiled() != before:
             self._compiled_once(time.perf_counter() - start, model, x)
         return out.clone() if cudagraphs and isinstance(out, torch.Tensor) else out

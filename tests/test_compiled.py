@@ -124,3 +124,14 @@ def test_compile_seconds_are_an_optional_field_of_a_trial():
     assert TrialResult.from_dict(result.to_dict()).compile_s == 2.5
     old = {k: v for k, v in result.to_dict().items() if k != "compile_s"}  # recorded before the field existed
     assert TrialResult.from_dict(old).compile_s is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"])
+def test_it_conforms_on_gpu_at_every_precision_tf32_first(mode):
+    """On CUDA, compiled at tf32 first and then, in the same process, at the stricter precisions:
+    at K=1000 plain TF32 misses fp32's tolerance, so this fails if a TF32 kernel inductor chose
+    (max-autotune bakes the flag into its GEMM templates) served an fp32 or ieee call."""
+    for precision in ("tf32", "fp32", "ieee", "bf16"):
+        assert_variant_conforms("gemm_bn", "compiled", device="cuda", precision=precision,
+                                params={"mode": mode, "dynamic": False}, shapes=[(37, 1000, 777)])

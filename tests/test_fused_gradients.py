@@ -153,14 +153,19 @@ def test_no_autograd_node_and_nothing_saved_without_a_gradient():
     assert not needs_grad(None, x.detach()) and needs_grad(None, x)
 
 
-def test_the_backward_runs_at_the_forward_precision(monkeypatch):
+def test_the_backward_runs_at_the_forward_precision():
     """loss.backward() runs outside the variant's math mode: the op re-enters it."""
     seen = []
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    op = FusedOp(lambda x, save: (x * 2, ()),
-                 lambda saved, grad, needs: (seen.append(torch.backends.cuda.matmul.allow_tf32) or grad * 2,), "tf32")
-    fused_call(op, torch.ones(2, requires_grad=True)).sum().backward()
-    assert seen == [True] and not torch.backends.cuda.matmul.allow_tf32
+    # Not monkeypatch: allow_tf32 is served by cuBLASModule.__getattr__, so pytest's undo deletes it.
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        op = FusedOp(lambda x, save: (x * 2, ()),
+                     lambda saved, grad, needs: (seen.append(torch.backends.cuda.matmul.allow_tf32) or grad * 2,), "tf32")
+        fused_call(op, torch.ones(2, requires_grad=True)).sum().backward()
+        assert seen == [True] and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_bf16_backward_gemms_round_their_operands_like_the_forward():

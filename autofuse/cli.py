@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
-    bench = commands.add_parser("bench", help="measure eager, torch.compile, every variant, the dispatch and the floor side by side")
+    bench = commands.add_parser("bench", help="measure eager, torch.compile, every variant, the dispatch and the floor side by side "
+                                   "(forward, or forward+backward)")
     bench.add_argument("problem", nargs="?", help="problem name or alias (or --all)")
     bench.add_argument("--all", action="store_true", help="every problem at its default shapes (both modes where they differ)")
     bench.add_argument("--shape", type=_shape_arg, help="default: every default shape")
@@ -64,7 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--mode", choices=["train", "eval"], help="for gemm_bn (default: train; --all does both)")
     bench.add_argument("--table", help="dispatch table to read tuned configurations from")
     bench.add_argument("--rounds", type=int, default=20, help="interleaved rounds (3 timed calls each)")
-    bench.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles for minutes)")
+    bench.add_argument("--no-compile", action="store_true", help="leave every torch.compile row out (they compile for minutes)")
+    bench.add_argument("--compile-modes", type=lambda s: s.split(","), default=["default", "max-autotune-no-cudagraphs"],
+                       help="torch.compile modes to time, comma-separated (default: default,max-autotune-no-cudagraphs)")
+    bench.add_argument("--step", choices=["forward", "backward", "both"], default="forward",
+                       help="forward: inference; backward: forward+backward, a training step (autograd-capable "
+                       "variants, the autograd entry); both: the two tables (default forward)")
+    bench.add_argument("--skip-variants", type=lambda s: s.split(","), default=[],
+                       help="leave these variants' rows out, comma-separated (names a problem lacks are ignored)")
     bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
     bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
     bench.add_argument("--from-out", action="store_true",
@@ -134,18 +142,23 @@ def _print_result(result) -> None:
 
     print(f"\n{result.problem} {shape_key(result.shape)} on {fingerprint_key(result.fingerprint)} ({result.key.to_str()})")
     eager = next((r.timing.median_ms for r in result.rows if r.variant == "eager" and r.ok), None)
+    # A column for variants that compile at their first call (torch.compile), where any did.
+    compiles = any(r.result is not None and r.result.compile_s is not None for r in result.rows)
     rows = []
     for row in sorted(result.rows, key=lambda r: (r.timing.median_ms if r.ok else float("inf"))):
-        timing = row.timing
+        timing, compile_s = row.timing, row.result.compile_s if row.result else None
         rows.append([
             row.variant, _params(row.params) if row.ok else "",
             f"{timing.median_ms:.4g}" if timing else "", f"{timing.p20_ms:.4g}-{timing.p80_ms:.4g}" if timing else "",
             f"{eager / timing.median_ms:.2f}x" if timing and eager else "",
             f"{row.result.error:.2e}" if row.result and row.result.error is not None else "",
+            *([f"{compile_s:.1f}" if compile_s is not None else ""] if compiles else []),
             row.result.outcome.value if row.result else "not run", row.trials,
             (row.result.reason or "")[:90] if row.result else "",
         ])
-    print(tabulate(rows, headers=["variant", "params", "median ms", "p20-p80", "vs eager", "error", "outcome", "trials", "reason"]))
+    headers = ["variant", "params", "median ms", "p20-p80", "vs eager", "error", *(["compile s"] if compiles else []),
+               "outcome", "trials", "reason"]
+    print(tabulate(rows, headers=headers))
     for label, entry in (("winner", result.winner), ("autograd winner", result.grad_winner)):
         if entry is not None:
             speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""
@@ -174,10 +187,12 @@ def _bench(args) -> None:
     for name in [p["name"] for p in list_problems()] if args.all else [args.problem]:
         modes = [args.mode] if args.mode or not get_problem(name).mode_sensitive else (["train", "eval"] if args.all else ["train"])
         jobs += [(name, mode) for mode in modes]
+    steps = {"forward": ["forward"], "backward": ["forward+backward"], "both": ["forward", "forward+backward"]}[args.step]
     reports = []
-    for name, mode in jobs:
+    for (name, mode), step in ((job, step) for job in jobs for step in steps):
         for report in bench(name, args.shape, device=args.device, precision=args.precision, mode=mode,
-                            table=args.table, rounds=args.rounds, use_compile=not args.no_compile):
+                            table=args.table, rounds=args.rounds, use_compile=not args.no_compile,
+                            compile_modes=args.compile_modes, step=step, skip_variants=args.skip_variants):
             _print_bench(report)
             reports.append(report)
     charts = save(reports, args.out)
@@ -202,16 +217,18 @@ def _bench_markdown_from_out(args) -> None:
     charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
     command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench --from-out ..."
     command += f"` from the reports that earlier `autofuse bench` runs saved in `{args.out}"
-    analysis = pathlib.Path(args.out) / ANALYSIS_FILE
-    target.write_text(markdown(reports, command, charts, target.parent,
-                               analysis.read_text() if analysis.exists() else None))
+    # The hand-written analysis, then what tests/device/kernelbench_harness.py wrote into harness/.
+    written = [pathlib.Path(args.out) / ANALYSIS_FILE] + sorted((pathlib.Path(args.out) / "harness").glob("*.md"))
+    analysis = "\n\n".join(path.read_text().strip() for path in written if path.exists()) or None
+    target.write_text(markdown(reports, command, charts, target.parent, analysis))
     print(f"wrote {target} from {len(reports)} reports in {args.out}")
 
 
 def _print_bench(report) -> None:
     from autofuse.table import shape_key
 
-    print(f"\n{report.problem} {shape_key(report.shape)} {report.precision} {report.mode} on {report.device.get('name')}")
+    step = "" if report.step == "forward" else f" {report.step}"
+    print(f"\n{report.problem} {shape_key(report.shape)} {report.precision} {report.mode}{step} on {report.device.get('name')}")
     rows = []
     for row in report.rows:
         t, speed, floor = row.timing, report.ratio(row, "eager"), report.ratio(row, "floor")

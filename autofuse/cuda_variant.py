@@ -108,10 +108,17 @@ def input_operand(x: torch.Tensor, in_features: int) -> torch.Tensor:
 def linear_operands(x: torch.Tensor, linear, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, weight, bias) of ``x @ linear.weight.T + linear.bias`` checked and contiguous;
     ``name`` is the Linear's attribute in the model, for messages."""
-    n_out, n_in = linear.weight.shape
+    return gemm_operands(x, linear.weight, linear.bias, name)
+
+
+def gemm_operands(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, weight, bias) of ``x @ weight.T + bias`` checked and contiguous (a fused forward gets
+    the tensors, not the Linear); ``name`` is the Linear's attribute in the model, for messages."""
+    n_out, n_in = weight.shape
     x = input_operand(x, n_in)
-    weight = operand(linear.weight, f"{name}.weight", (n_out, n_in), x.device)
-    return x, weight, operand(linear.bias, f"{name}.bias", (n_out,), x.device)
+    weight = operand(weight, f"{name}.weight", (n_out, n_in), x.device)
+    return x, weight, operand(bias, f"{name}.bias", (n_out,), x.device)
 
 
 class GemmKernelVariant(CudaVariant):

@@ -7,12 +7,11 @@ called in-process too, which the tests do.
 
 from __future__ import annotations
 
-import torch
-
 from autofuse import registry
 from autofuse.errors import BuildError
 from autofuse.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.precision import parse_dtype
+from autofuse.step import forward_call, training_call
 from autofuse.timing import Timing, time_callable, time_interleaved
 from autofuse.variant import EagerVariant
 from autofuse.verify import CheckCase, build_case, check_cases, check_variant
@@ -36,15 +35,20 @@ def evaluate(state: dict, job: Job, candidate: Candidate) -> TrialResult:
         variant.build(job.device)
     except BuildError as exc:
         return TrialResult(Outcome.COMPILE_FAILED, str(exc))
-    check = check_variant(
-        variant, problem, check_cases(problem, job.shape, job.seed), job.device,
-        dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
-        cache=state.setdefault("cases", {}),
-    )
+    try:
+        check = check_variant(
+            variant, problem, check_cases(problem, job.shape, job.seed), job.device,
+            dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
+            cache=state.setdefault("cases", {}),
+        )
+    except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
+    # Read before timing: the gate's first call ran at the timed shape, so it is the one that compiled.
+    compile_s = getattr(variant, "compile_seconds", None)
     if not check.ok:
-        return TrialResult(Outcome.INCORRECT, check.reason, check.error)
+        return TrialResult(Outcome.INCORRECT, check.reason, check.error, compile_s=compile_s)
     timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
-    return TrialResult(Outcome.OK, None, check.error, timing)
+    return TrialResult(Outcome.OK, None, check.error, timing, compile_s=compile_s)
 
 
 def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> dict[str, Timing]:
@@ -61,21 +65,13 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
 
 
 def _timed_call(state: dict, job: Job, variant, autograd: bool):
-    """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init)."""
+    """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
+    a forward without autograd, or a training step (``autofuse.step``) for the autograd entry."""
     if "timing_case" not in state:
         problem = registry.get_problem(job.problem)
         case = CheckCase(job.shape, "rand", job.seed, randomize=False)
         state["timing_case"] = build_case(problem, case, job.device, parse_dtype(job.dtype), job.mode)
     model, x = state["timing_case"]
     if not autograd:
-        def call():
-            with torch.no_grad():
-                return variant(model, x)
-        return call
-    x_grad = x.detach().clone().requires_grad_(True)
-
-    def call_with_grad():
-        out = variant(model, x_grad)
-        out.backward(torch.ones_like(out))
-        return out
-    return call_with_grad
+        return forward_call(variant, model, x)
+    return training_call(variant, model, x, state.setdefault("upstream", {}), job.precision)

@@ -19,3 +19,10 @@ def autofuse_register_problems():
 @hookspec
 def autofuse_register_variants():
     """Return a list of ``autofuse.Variant`` subclasses (each names its problem)."""
+
+
+@hookspec
+def autofuse_register_generic_variants(problem):
+    """Return a list of ``autofuse.Variant`` subclasses for ``problem`` (an ``autofuse.Problem``),
+    called once for every registered problem (built-in, plugin or KernelBench file): variants
+    that apply to any problem, such as ``torch.compile`` of its reference."""

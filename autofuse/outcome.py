@@ -51,6 +51,8 @@ class TrialResult:
     timing: Timing | None = None
     # The worker's CUDA context may be broken (illegal address, launch failure): restart it.
     poisoned: bool = False
+    # Seconds the variant's first call spent compiling (torch.compile); None where nothing compiles then.
+    compile_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,7 @@ class TrialResult:
             "error": self.error,
             "timing": None if self.timing is None else self.timing.to_dict(),
             "poisoned": self.poisoned,
+            "compile_s": self.compile_s,
         }
 
     @classmethod
@@ -70,4 +73,5 @@ class TrialResult:
             error=data.get("error"),
             timing=None if timing is None else Timing(**timing),
             poisoned=bool(data.get("poisoned", False)),
+            compile_s=data.get("compile_s"),  # absent from trials recorded before it existed
         )

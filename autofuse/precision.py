@@ -19,8 +19,6 @@ out ``ieee``. An entry tuned at a stricter precision may serve a looser request
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
@@ -77,22 +75,47 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtypes[name]
 
 
-def _set_tf32(enabled: bool) -> tuple:
-    matmul = torch.backends.cuda.matmul
-    saved = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    return saved
+# torch's own flag accessors: the `torch.backends` properties in front of them cost 0.4-1 µs per
+# read or write (CPU, torch 2.13) and every dispatched call enters math_mode. Where a torch
+# lacks them, the properties.
+def _flag_accessors():
+    c = torch._C
+    if all(hasattr(c, f"_{op}_{lib}_allow_tf32") for op in ("get", "set") for lib in ("cublas", "cudnn")):
+        return c._get_cublas_allow_tf32, c._get_cudnn_allow_tf32, c._set_cublas_allow_tf32, c._set_cudnn_allow_tf32
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    return (lambda: matmul.allow_tf32, lambda: cudnn.allow_tf32,
+            lambda on: setattr(matmul, "allow_tf32", on), lambda on: setattr(cudnn, "allow_tf32", on))
 
 
-@contextlib.contextmanager
-def math_mode(precision: str):
-    """Run the body with TF32 allowed exactly when ``precision == "tf32"``."""
-    saved = _set_tf32(precision == "tf32")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+_GET_CUBLAS, _GET_CUDNN, _SET_CUBLAS, _SET_CUDNN = _flag_accessors()
+
+
+class math_mode:  # noqa: N801 - used as ``with math_mode(precision):``, like a function
+    """Run the body with TF32 allowed exactly when ``precision == "tf32"``.
+
+    A class that sets the flags that differ through torch's C accessors, not a
+    generator-based contextmanager setting both properties: every dispatched call enters it,
+    and the generator version cost 4.4 µs per call against 0.77 µs for this one (best of 7 ×
+    50,000, 2-core CPU, torch 2.13, flags at their defaults; 10 against 1.5 µs under load).
+    """
+
+    __slots__ = ("_allow", "_saved")
+
+    def __init__(self, precision: str):
+        self._allow = precision == "tf32"
+
+    def __enter__(self) -> None:
+        allow = self._allow
+        self._saved = cublas, cudnn = _GET_CUBLAS(), _GET_CUDNN()
+        if cublas is not allow:
+            _SET_CUBLAS(allow)
+        if cudnn is not allow:
+            _SET_CUDNN(allow)
+
+    def __exit__(self, *exc) -> None:
+        cublas, cudnn = self._saved  # restored even if unchanged here: the body may have set them
+        _SET_CUBLAS(cublas)
+        _SET_CUDNN(cudnn)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:

@@ -25,6 +25,7 @@ class _Registry:
     aliases: dict[str, str]
     variants: dict[str, dict[str, type[Variant]]]
     owners: dict[tuple[str, ...], str]  # (problem,) or (problem, variant) -> plugin name
+    generic: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # from autofuse_register_generic_variants
     kernelbench: int = -1  # kernelbench.generation() it was built at
     plugins: int = -1  # plugins.generation() it was built at
 
@@ -34,7 +35,7 @@ _lock = threading.Lock()
 _registry: _Registry | None = None
 
 
-def _hook_results(hook_name: str):
+def _hook_results(hook_name: str, **kwargs):
     """(plugin name, item) for every item every plugin returned, in registration order.
 
     Each plugin's implementation is called through its own subset hook caller, so the
@@ -44,7 +45,7 @@ def _hook_results(hook_name: str):
     hook = getattr(pm.hook, hook_name)
     for impl in hook.get_hookimpls():  # registration order: entry points, then AUTOFUSE_PLUGINS
         others = [plugin for plugin in pm.get_plugins() if plugin is not impl.plugin]
-        for returned in pm.subset_hook_caller(hook_name, others)():
+        for returned in pm.subset_hook_caller(hook_name, others)(**kwargs):
             for item in returned or ():
                 yield impl.plugin_name, item
 
@@ -60,6 +61,13 @@ def _build() -> _Registry:
     reg.kernelbench = kernelbench.generation()
     for plugin, variant in _hook_results("autofuse_register_variants"):
         _add_variant(reg, plugin, variant)
+    for problem in list(reg.problems.values()):  # every problem is known now, the files' included
+        for plugin, variant in _hook_results("autofuse_register_generic_variants", problem=problem):
+            if getattr(variant, "problem", None) != problem.name:
+                raise PluginError(f"plugin {plugin!r} returned {variant!r} for problem {problem.name!r}, "
+                                  f"but it names problem {getattr(variant, 'problem', None)!r}")
+            _add_variant(reg, plugin, variant)
+            reg.generic.add((problem.name, variant.name))
     return reg
 
 
@@ -149,6 +157,11 @@ def get_variant(problem: str, name: str) -> type[Variant]:
             f"problem {get_problem(problem).name!r} has no variant {name!r}; known variants: {', '.join(table) or 'none'}"
         )
     return table[name]
+
+
+def is_generic(problem: str, variant: str) -> bool:
+    """Whether the variant came from ``autofuse_register_generic_variants`` (one for every problem)."""
+    return (get_problem(problem).name, variant) in _get().generic
 
 
 def owner(problem: str, variant: str | None = None) -> str:

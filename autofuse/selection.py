@@ -3,7 +3,7 @@
 Trial timings come from separate moments and drift with clocks and neighbours; the final
 choice re-times the top candidates and eager round-robin in one run. A more complex
 variant (by kind: eager < simplified < cublas_epilogue < cuda_naive < cuda_tiled <
-cuda_templated) must beat the simpler one by more than the measured noise to be chosen.
+cuda_templated < triton < compiled) must beat the simpler one by more than the measured noise to be chosen.
 """
 
 from __future__ import annotations
@@ -93,4 +93,6 @@ def _entry(row: Row) -> dict:
         "eager_ms": row.eager_ms,
         "speedup": None if not row.eager_ms else row.eager_ms / timing.median_ms,
         "error": row.result.error,
+        # Seconds its first call compiled (torch.compile) when tuned: what a process's first call costs.
+        **({} if row.result.compile_s is None else {"compile_s": round(row.result.compile_s, 3)}),
     }

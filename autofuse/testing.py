@@ -24,14 +24,20 @@ from autofuse.verify import CheckCase, check_variant
 DISTRIBUTIONS = (("rand", False), ("randn", True), ("large", True))
 
 
-def variant_ids(problems: list[str] | None = None) -> list[tuple[str, str]]:
+def variant_ids(problems: list[str] | None = None, generic: bool = False) -> list[tuple[str, str]]:
     names = problems or sorted(registry.problems())
-    return [(registry.get_problem(p).name, v) for p in names for v in sorted(registry.variants(p))]
+    return [(registry.get_problem(p).name, v) for p in names for v in sorted(registry.variants(p))
+            if generic or not registry.is_generic(p, v)]
 
 
-def parametrize_variants(problems: list[str] | None = None):
-    """``pytest.mark.parametrize("problem,variant", ...)`` over every registered variant."""
-    ids = variant_ids(problems)
+def parametrize_variants(problems: list[str] | None = None, generic: bool = False):
+    """``pytest.mark.parametrize("problem,variant", ...)`` over every registered variant.
+
+    Variants every problem gets (``compiled``: torch.compile of the reference, from
+    ``autofuse_register_generic_variants``) are left out unless ``generic``: they are autofuse's
+    to test, and compiling each at every conformance shape takes minutes on a CPU.
+    """
+    ids = variant_ids(problems, generic)
     return pytest.mark.parametrize("problem,variant", ids, ids=[f"{p}/{v}" for p, v in ids])
 
 
@@ -64,7 +70,7 @@ def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", 
         # Configurations may depend on the shape (a row held in registers): each shape checks
         # the given one where it is valid, else that shape's default.
         cases = conformance_cases(problem, seed, (shape,))
-        valid = variant_cls.configs(cases[0].shape, torch.device(device).type)
+        valid = variant_cls.configs_for(cases[0].shape, torch.device(device).type, precision)
         if not valid or (params is not None and params not in valid):
             continue
         instance = variant_cls(precision, **(params if params is not None else valid[0]))

@@ -123,7 +123,7 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     spaces = {}
     for name, variant in table.items():
         if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
-            configs = variant.configs(shape, device_type)
+            configs = variant.configs_for(shape, device_type, settings["precision"])
             if configs:
                 spaces[name] = configs
     if not spaces:
@@ -219,12 +219,12 @@ def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
 
 
 def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name):
-    """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable ones."""
+    """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
+    ones, each gated with gradients and timed as a training step (``autofuse.step``)."""
     variants = registry.variants(prob.name)
     winner = choose(job, rows, worker, trial_timeout, autograd=False)
-    grad_winner = None
+    grad_winner, grad_rows = None, []
     if autograd_entry:
-        grad_rows = []
         for row in rows:
             if row.ok and variants[row.variant].supports_autograd:
                 checked = worker.call("evaluate", (job, Candidate(row.variant, row.params, autograd=True)), trial_timeout)
@@ -232,18 +232,29 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
         grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
     stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "seed": job.seed, "study": study_name}
-    for entry, grad in ((winner, False), (grad_winner, True)):
+    # Every variant's best, so `autofuse bench` can measure them all again; the autograd
+    # entry's times are training steps (forward + backward), its candidates' too.
+    for entry, timed, step in ((winner, rows, "forward"), (grad_winner, grad_rows, "forward+backward")):
         if entry is not None:
-            entry.update(stamp, source_hash=variants[entry["variant"]].source_hash())
-    if winner is not None:  # every variant's best, so `autofuse bench` can measure them all again
-        winner["candidates"] = {
-            row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
-                          "median_ms": row.timing.median_ms if row.ok else None,
-                          "error": row.result.error if row.result else None,
-                          "reason": (row.result.reason or "")[:300] if row.result else ""}
-            for row in rows
-        }
+            entry.update(stamp, step=step, source_hash=variants[entry["variant"]].source_hash(), candidates=_candidates(timed))
     return winner, grad_winner
+
+
+def _candidates(rows: list[Row]) -> dict:
+    return {
+        row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
+                      "median_ms": row.timing.median_ms if row.ok else None,
+                      "error": row.result.error if row.result else None,
+                      "reason": (row.result.reason or "")[:300] if row.result else "",
+                      **_compile_s(row)}
+        for row in rows
+    }
+
+
+def _compile_s(row: Row) -> dict:
+    """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
+    seconds = row.result.compile_s if row.result else None
+    return {} if seconds is None else {"compile_s": round(seconds, 3)}
 
 
 def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:

@@ -29,6 +29,11 @@ KIND_COMPLEXITY = {
     "cuda_naive": 3,
     "cuda_tiled": 4,
     "cuda_templated": 5,
+    "triton": 6,  # a JIT toolchain beside the GEMM: kept only where it beats the simpler kinds
+    # torch.compile: its first call in every process traces (dynamo) and compiles every kernel
+    # of the graph (seconds with inductor's cache warm, a minute or more cold), more than a
+    # hand-written Triton kernel's JIT, so at equal speed any other kind is kept over it.
+    "compiled": 7,
 }
 DEVICES = ("cpu", "cuda")
 
@@ -67,6 +72,12 @@ class Variant:
         impossible one. A variant without parameters has the single configuration {}.
         """
         return [{}]
+
+    @classmethod
+    def configs_for(cls, shape: Mapping[str, int], device: str, precision: str) -> list[dict[str, Any]]:
+        """The configurations worth searching at ``precision``, the default first: ``configs``
+        unless some only make sense at some precisions (a Triton kernel's bf16 casts)."""
+        return cls.configs(shape, device)
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:

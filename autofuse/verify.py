@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from autofuse.precision import dtype_name
+from autofuse.precision import dtype_name, math_mode
 from autofuse.problem import Problem, Tolerance
 from autofuse.variant import Variant
 
@@ -269,11 +269,14 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
 
     def grads(run, model, dtype):
-        x = prepared.x.detach().to(dtype).requires_grad_(True)
-        out = run(model, x)
-        if not isinstance(out, torch.Tensor) or not out.requires_grad:
-            return None
-        out.backward(cotangent.to(out.dtype))
+        # The backward under the precision's math mode too, as a user training at that precision
+        # runs it: eager's floor at tf32 is then a TF32 backward, not an fp32 one.
+        with math_mode(variant.precision):
+            x = prepared.x.detach().to(dtype).requires_grad_(True)
+            out = run(model, x)
+            if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                return None
+            out.backward(cotangent.to(out.dtype))
         return {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
 
     from autofuse.variant import EagerVariant

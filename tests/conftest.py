@@ -6,6 +6,12 @@ import shutil
 import pytest
 import torch
 
+# `compiled` (torch.compile of every problem's reference) takes seconds to a minute per
+# configuration on a 2-core CPU, and every tune of a whole problem would compile each of its
+# configurations: tests leave it out, as a user can, unless they ask for it (the `compiled`
+# fixture of test_compiled.py). Set here, before any registry is built or worker started.
+os.environ.setdefault("AUTOFUSE_BLOCK_PLUGINS", "compiled")
+
 HAS_CUDA = torch.cuda.is_available()
 HAS_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -254,3 +254,26 @@ def test_a_builtin_problem_exports_in_kernelbench_format(tmp_path):
         assert model_new.dispatch_info(inputs[0])["variant"] == "simplified"
     assert_close(got, want, registry.get_problem("gemm_bn").tolerances["fp32"])
     assert_close(model_new.bn.running_var, model.bn.running_var, atol=1e-6, rtol=1e-5, what="running_var")
+
+
+def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_path):
+    """tests/device/kernelbench_harness.py at --small on the CPU: export, 5 correctness trials,
+    timed trials with grad mode on and off, the table and the JSON."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernelbench_harness", FILES.parent / "device" / "kernelbench_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    table = tmp_path / "table.json"
+    for autograd in (False, True):  # at the sizes --small writes into the export
+        record("matmul_gelu_softmax", *harness.SMALL, autograd=autograd, variant="simplified", path=table)
+    out = tmp_path / "out"
+    assert harness.main(["--device", "cpu", "--small", "--problems", "kb2-99,kb2-51", "--table", str(table),
+                         "--out", str(out), "--trials", "3"]) == 0
+    [ours, untuned] = json.loads((out / "harness-fp32.json").read_text())["results"]
+    assert ours["check"]["passed"] == 5 and ours["check"]["passed_current_tolerance"] == 5
+    assert {ours["timing"][mode]["dispatch"] for mode in ("grad", "no_grad")} == {"simplified (tuned)"}
+    assert ours["timing"]["grad"]["model_new_ms"]["num_trials"] == 3 and ours["target"].startswith(">= no-grad")
+    assert untuned["timing"]["grad"]["dispatch"] == "eager (no entry: reference)" and untuned["target"] == ">= 50x"
+    assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
+    assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()

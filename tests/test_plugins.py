@@ -130,6 +130,7 @@ def test_a_misspelled_hook_is_caught(monkeypatch, tmp_path, fresh_registry):
 
 
 def test_a_variant_for_an_unknown_problem_lists_the_known_ones(monkeypatch, tmp_path, fresh_registry):
+    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)  # with any plugin blocked it is skipped instead
     _register(monkeypatch, '''
         import autofuse
         from autofuse.variant import Variant
@@ -178,3 +179,40 @@ def test_every_hookspec_is_documented_and_tested():
         assert getattr(hookspecs, name).__doc__, f"hookspec {name} has no docstring"
         assert name in readme, f"hookspec {name} is not documented in README.md"
         assert name in tests.replace(f'"{name}"', ""), f"hookspec {name} is not used by any test"
+
+
+GENERIC = '''
+import autofuse
+from autofuse.variant import EagerVariant
+
+_classes = {}
+
+
+@autofuse.hookimpl
+def autofuse_register_generic_variants(problem):
+    if problem.name not in _classes:
+        _classes[problem.name] = type("Again", (EagerVariant,), {
+            "name": "again", "problem": problem.name, "description": "the reference, for any problem"})
+    return [_classes[problem.name]]
+'''
+
+
+def test_a_generic_variant_joins_every_problem_a_file_problem_too(monkeypatch, tmp_path, fresh_registry):
+    from autofuse import kernelbench
+
+    monkeypatch.setenv(kernelbench.ENV, "")
+    _register(monkeypatch, GENERIC, "generic_plugin", tmp_path)
+    try:
+        for problem in PROBLEMS:
+            assert registry.owner(problem, "again") == "generic_plugin" and registry.is_generic(problem, "again")
+        file_problem = pathlib.Path(__file__).parent / "kernelbench" / "gemm_sigmoid_sum.py"
+        assert "again" in registry.variants(str(file_problem))  # a file loaded later gets one too
+        assert not registry.is_generic("gemm_bn", "simplified")
+    finally:
+        kernelbench.forget()
+
+
+def test_a_generic_variant_naming_another_problem_fails_naming_the_plugin(monkeypatch, tmp_path, fresh_registry):
+    _register(monkeypatch, GENERIC.replace('"problem": problem.name', '"problem": "gemm_bn"'), "confused_plugin", tmp_path)
+    with pytest.raises(autofuse.PluginError, match="confused_plugin.*names problem 'gemm_bn'"):
+        registry.problems()

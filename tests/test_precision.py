@@ -29,11 +29,19 @@ def test_unknown_precision_is_an_input_error_naming_the_known_ones():
 
 
 @pytest.mark.parametrize("name", ["ieee", "fp32"])
-def test_ieee_and_fp32_keep_tf32_off_whatever_the_global_flag(name, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    with precision.math_mode(name):
-        assert not torch.backends.cuda.matmul.allow_tf32
-    assert torch.backends.cuda.matmul.allow_tf32
+def test_ieee_and_fp32_keep_tf32_off_whatever_the_global_flag(name):
+    # Not monkeypatch: allow_tf32 is served by cuBLASModule.__getattr__, so pytest's undo deletes it.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        with precision.math_mode(name):
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        with precision.math_mode("tf32"):
+            torch.backends.cuda.matmul.allow_tf32 = False  # the body may change it; the exit restores
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def test_ieee_is_held_to_the_fp32_tolerance():

@@ -1,5 +1,6 @@
 """get_module: a drop-in for the reference model that dispatches each call through the table."""
 
+import copy
 import logging
 
 import pytest
@@ -190,3 +191,162 @@ def test_tf32_precision_runs():
 def test_unknown_precision_raises():
     with pytest.raises(autofuse.InputError, match="fp64"):
         module_for("gemm_bn", precision="fp64")
+
+
+# -- a stricter precision's entry serves a looser call (issue 12.3) -------------------
+
+def test_an_fp32_entry_serves_a_bf16_call_and_runs_at_fp32(caplog):
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=False, precision="fp32")
+    reference = kernelbench_model("matmul_gelu_softmax", B, IN, OUT)
+    module = module_for("matmul_gelu_softmax", precision="bf16")
+    module.load_state_dict(reference.state_dict())
+    x = torch.randn(B, IN)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="autofuse"):
+        for _ in range(3):
+            got = module(x)
+        info = module.dispatch_info(x)
+        served = module._autofuse.ready[module._autofuse.call_key(module, x)]
+    assert (info["source"], info["precision"], info["variant"]) == ("tuned at fp32", "fp32", "simplified"), info
+    assert served.precision == "fp32"  # its math mode and the gate it passed, not bf16's
+    assert_close(got, reference(x), registry.get_problem("matmul_gelu_softmax").tolerances["fp32"])
+    said = [r.getMessage() for r in caplog.records if "tuned at fp32" in r.getMessage()]
+    assert len(said) == 1 and "run at fp32" in said[0], said
+
+
+def test_a_looser_entry_never_serves_a_stricter_call():
+    for precision in ("tf32", "bf16"):
+        record("matmul_gelu_softmax", B, IN, OUT, precision=precision)
+    for precision in ("fp32", "ieee"):
+        info = module_for("matmul_gelu_softmax", precision=precision).dispatch_info(torch.randn(B, IN))
+        assert (info["source"], info["precision"]) == ("no entry: reference", precision), info
+
+
+def test_the_least_strict_serving_precision_is_preferred():
+    record("matmul_clamp_lse_mish", B, IN, OUT, precision="fp32", median_ms=3.0)
+    record("matmul_clamp_lse_mish", B, IN, OUT, precision="tf32", median_ms=2.0)
+    with torch.no_grad():
+        bf16 = module_for("matmul_clamp_lse_mish", precision="bf16").dispatch_info(torch.randn(B, IN))
+        ieee = module_for("matmul_clamp_lse_mish", precision="ieee").dispatch_info(torch.randn(B, IN))
+    assert (bf16["source"], bf16["entry"]["median_ms"]) == ("tuned at tf32", 2.0), bf16
+    assert ieee["source"] == "no entry: reference", ieee
+
+
+def test_precision_before_batch_size():
+    # The requested precision at a nearby batch beats a stricter precision at the exact shape:
+    # the same kernel and arithmetic, where fp32 against bf16 cost 12x on an H100 (99: 2.69 / 0.22 ms).
+    record("gemm_avgpool_gelu_residual", 2 * B, IN, OUT, precision="bf16")
+    record("gemm_avgpool_gelu_residual", B, IN, OUT, precision="fp32")
+    record("gemm_avgpool_gelu_residual", 4 * B, IN, OUT, precision="tf32")
+    x = torch.randn(B, IN)
+    with torch.no_grad():
+        bf16 = module_for("gemm_avgpool_gelu_residual", precision="bf16").dispatch_info(x)
+        tf32 = module_for("gemm_avgpool_gelu_residual", precision="tf32").dispatch_info(x)
+        tf32_other_batch = module_for("gemm_avgpool_gelu_residual", precision="tf32").dispatch_info(torch.randn(3, IN))
+    assert (bf16["source"], bf16["precision"]) == (f"nearest batch (batch_size={2 * B},in_features={IN},out_features={OUT})", "bf16")
+    assert (tf32["source"], tf32["precision"]) == (f"nearest batch (batch_size={4 * B},in_features={IN},out_features={OUT})", "tf32")
+    assert tf32_other_batch["source"].startswith("nearest batch") and tf32_other_batch["precision"] == "tf32"
+    record("gemm_avgpool_gelu_residual", 2 * B, IN, OUT, precision="bf16", variant="no_such_variant")
+    with torch.no_grad():
+        info = module_for("gemm_avgpool_gelu_residual", precision="bf16").dispatch_info(x)
+    # An unusable entry hands over to the next one in the same order, not to the reference.
+    assert info["source"] == f"nearest batch (batch_size={4 * B},in_features={IN},out_features={OUT}), tuned at tf32", info
+
+
+def test_a_nearest_batch_entry_at_a_stricter_precision_says_both():
+    record("gemm_avgpool_gelu_residual", 2 * B, IN, OUT, precision="fp32")
+    with torch.no_grad():
+        info = module_for("gemm_avgpool_gelu_residual", precision="bf16").dispatch_info(torch.randn(B, IN))
+    assert info["source"] == f"nearest batch (batch_size={2 * B},in_features={IN},out_features={OUT}), tuned at fp32", info
+    assert info["precision"] == "fp32"
+
+
+def test_bfloat16_inputs_are_served_only_by_bf16_entries():
+    record("matmul_gelu_softmax", B, IN, OUT, dtype="float32", precision="fp32")
+    module = module_for("matmul_gelu_softmax", precision="bf16").to(torch.bfloat16)
+    with torch.no_grad():
+        assert module.dispatch_info(torch.randn(B, IN, dtype=torch.bfloat16))["source"] == "no entry: reference"
+
+
+@pytest.mark.parametrize("tuned, requested, median, eager, serves", [
+    ("fp32", "bf16", 11.30, 11.53, False),   # gemm_bn 16384 train on an H100: bf16's reference is ~5x faster
+    ("fp32", "bf16", 0.0507, 5.6016, True),  # 51: the algebra removed the GEMM, 110x its eager
+    ("tf32", "bf16", 1.6321, 1.9935, True),  # gemm_bn 16384 train tf32: bf16's reference gains nothing
+    ("fp32", "tf32", 2.6867, 2.7305, False),
+    ("ieee", "tf32", 2.6867, 2.7305, False),
+    ("ieee", "fp32", 2.6867, 2.7305, True),  # the same reference
+])
+def test_on_cuda_a_stricter_entry_serves_only_where_it_beats_the_looser_reference(tuned, requested, median, eager, serves):
+    from autofuse.dispatch import slower_than_reference
+
+    entry = {"variant": "v", "median_ms": median, "eager_ms": eager}
+    assert (slower_than_reference(entry, tuned, requested, "cuda") is None) == serves
+    assert slower_than_reference(entry, tuned, requested, "cpu") is None  # no tensor cores: nothing gains
+
+
+# -- the call key: grad need without walking the parameters (issues 12.5, 13.4) ----------
+
+def test_inference_mode_and_no_grad_take_the_no_grad_entry():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=False, median_ms=1.0)
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True, median_ms=2.0)
+    module, x = module_for("matmul_gelu_softmax").eval(), torch.randn(B, IN)
+    with torch.inference_mode():
+        assert module.dispatch_info(x)["entry"]["median_ms"] == 1.0
+        assert not module(x).requires_grad
+    with torch.no_grad():
+        assert module.dispatch_info(x)["entry"]["median_ms"] == 1.0
+    # Grad mode on, parameters requiring grad, nothing downstream differentiating: indistinguishable
+    # from training, so the autograd entry serves (README, "Tune, then use").
+    assert module.dispatch_info(x)["entry"]["median_ms"] == 2.0
+    assert module(x).requires_grad
+
+
+def test_the_call_key_does_not_walk_the_parameters(monkeypatch):
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True)
+    module, x = module_for("matmul_gelu_softmax"), torch.randn(B, IN)
+    want = module(x)
+
+    def walked(*args, **kwargs):
+        raise AssertionError("the parameters were walked on the hot path")
+    monkeypatch.setattr(torch.nn.Module, "parameters", walked)
+    monkeypatch.setattr(torch.nn.Module, "named_parameters", walked)
+    for _ in range(3):
+        assert_close(module(x), want, atol=0, rtol=0)
+
+
+def test_what_changes_the_grad_need_between_calls_is_seen():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=False, median_ms=1.0)
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True, median_ms=2.0)
+    module, x = module_for("matmul_gelu_softmax"), torch.randn(B, IN)
+    marker = lambda: module.dispatch_info(x)["entry"]["median_ms"]  # noqa: E731
+    assert marker() == 2.0 and module(x).requires_grad
+    module.requires_grad_(False)
+    assert marker() == 1.0 and not module(x).requires_grad
+    module.linear.weight = torch.nn.Parameter(torch.randn(OUT, IN))  # a new parameter, requiring grad
+    assert marker() == 2.0 and module(x).requires_grad
+    module.linear.weight.requires_grad = False
+    assert marker() == 1.0
+    module.linear = torch.nn.Linear(IN, OUT)  # a new submodule
+    assert marker() == 2.0 and module(x).requires_grad
+    module.requires_grad_(False)
+    old = module.linear.weight
+    module.load_state_dict({k: v.clone() for k, v in module.state_dict().items()}, assign=True)  # new Parameters
+    assert marker() == 1.0 and module.linear.weight is not old
+    module.linear.weight.requires_grad_()  # the new one: the cached tuple was taken again
+    assert marker() == 2.0
+    module.requires_grad_(False)
+    module.requires_grad_(False).to(torch.float32)
+    assert marker() == 1.0 and not module(x).requires_grad
+    x.requires_grad_()
+    assert marker() == 2.0 and module(x).requires_grad
+
+
+def test_a_deep_copy_dispatches_on_its_own():
+    record("matmul_gelu_softmax", B, IN, OUT, autograd=True)
+    module, x = module_for("matmul_gelu_softmax"), torch.randn(B, IN)
+    want = module(x)
+    twin = copy.deepcopy(module)
+    assert twin._autofuse is not module._autofuse and not twin._autofuse.ready
+    assert_close(twin(x), want, atol=0, rtol=0)
+    assert twin.dispatch_info(x)["source"] == "tuned"
+    twin.requires_grad_(False)  # its own parameters: the original still needs grad
+    assert not twin(x).requires_grad and module(x).requires_grad

@@ -11,6 +11,7 @@ import autofuse
 from autofuse import plugins
 from autofuse.outcome import Outcome
 from autofuse.table import DispatchTable
+from autofuse.variant import Variant
 from helpers import use_test_plugins
 
 SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
@@ -49,6 +50,8 @@ def test_tune_writes_an_entry_that_get_module_uses(tmp_path):
     [result] = autofuse.tune("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=tmp_path / "t.json",
                              seed=1, progress=False)
     assert result.winner is not None and result.grad_winner is not None
+    assert (result.winner["step"], result.grad_winner["step"]) == ("forward", "forward+backward")
+    assert result.grad_winner["variant"] in result.grad_winner["candidates"]  # bench re-measures them
     module = autofuse.get_module("gemm_avgpool_gelu_residual", 48, 40, table=tmp_path / "t.json")
     x = torch.rand(16, 48)
     with torch.no_grad():
@@ -123,6 +126,58 @@ def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_pa
     monkeypatch.setattr(worker_module.Worker, "_start", no_worker)
     [again] = autofuse.tune("matmul_gelu_softmax", SMALL, **kwargs)
     assert again.winner == first.winner and again.grad_winner == first.grad_winner
+
+
+class _RecordUpstream(torch.autograd.Function):
+    """The identity, whose backward records the upstream gradient it is given."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _RecordUpstream.seen.append(grad.clone())
+        return grad
+
+
+class SpySoftmax(Variant):
+    """matmul_gelu_softmax that records what each timed training step hands it."""
+
+    name, problem, kind, description = "spy", "matmul_gelu_softmax", "simplified", "records its calls"
+    supports_autograd = True
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self.grads_before, self.input_requires_grad = [], []
+
+    def forward(self, model, x):
+        self.grads_before.append([p.grad is None for p in model.parameters()])
+        self.input_requires_grad.append(x.requires_grad)
+        return _RecordUpstream.apply(torch.softmax(torch.nn.functional.gelu(model.linear(x)), dim=1))
+
+
+def test_the_autograd_timing_is_a_training_step_with_a_random_upstream_gradient():
+    """Ones would be a degenerate upstream gradient here: softmax's backward of ones is zero."""
+    from autofuse.evaluate import _timed_call
+    from autofuse.worker import Job
+
+    _RecordUpstream.seen.clear()
+    state, job = {}, Job("matmul_gelu_softmax", SMALL, "cpu", "float32", "fp32", "any", seed=2)
+    spy, other = SpySoftmax(), SpySoftmax()
+    step = _timed_call(state, job, spy, autograd=True)
+    for _ in range(3):
+        step()
+    _timed_call(state, job, other, autograd=True)()
+    first, *rest = _RecordUpstream.seen
+    assert len(rest) == 3 and all(torch.equal(first, g) for g in rest)  # fixed, and shared by candidates
+    assert not torch.equal(first, torch.ones_like(first)) and 0.8 < first.std().item() < 1.2  # random normal
+    assert spy.grads_before == [[True, True]] * 3  # parameter grads set to None before every step
+    model, _ = state["timing_case"]
+    assert all(p.grad is not None for p in model.parameters())  # and the backward reached them
+    assert spy.input_requires_grad == [False] * 3  # parameter gradients only (autofuse.step)
 
 
 @pytest.mark.gpu

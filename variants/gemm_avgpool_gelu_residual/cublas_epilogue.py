@@ -8,7 +8,7 @@ second time and writes x + gelu(z[row]). So three passes over x's size (read, re
 against the single-pass kernel's two. Kernel: csrc/gelu_residual_epilogue.cu.
 
 Preconditions: float32 CUDA tensors (made contiguous); the exact erf GELU; NaN in x
-propagates. No autograd. cuBLAS runs addmv as an fp32 GEMV (TF32 settings govern GEMMs only).
+propagates. Autograd as in cuda_kernels.py. cuBLAS runs addmv as an fp32 GEMV (TF32 settings govern GEMMs only).
 """
 
 import torch

@@ -19,15 +19,18 @@ on the device, so no call synchronises. Memory floor: read x once, write out onc
   float4) spills 88 bytes (64 registers per thread at 1024 threads); all others spill none.
 
 Preconditions: float32 CUDA tensors (made contiguous); the exact erf GELU; NaN in x
-propagates (x + g). No autograd. fp32 FMA only, so these run under every precision.
+propagates (x + g). fp32 FMA only, so these run under every precision. Autograd: the backward
+is two GEMVs and rank-one terms (gradients.py); the forward saves nothing but x, w̄ and c.
 """
 
 import torch
 
+from autofuse.autograd import fused_call
 from autofuse.cuda_variant import CudaVariant, input_operand, operand
 from autofuse.hookspecs import hookimpl
 from autofuse.variant import FoldCache
 
+from . import gradients
 from .simplified import fold_column_mean
 
 _PROBLEM = "gemm_avgpool_gelu_residual"
@@ -37,6 +40,7 @@ class FoldedRowsVariant(CudaVariant):
     """The common host side: input contracts, the cached (w̄, c) and the fresh output."""
 
     problem = _PROBLEM
+    supports_autograd = True
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
@@ -63,11 +67,16 @@ class FoldedRowsVariant(CudaVariant):
         return w_mean.contiguous(), offset.reshape(()).contiguous()
 
     def forward(self, model, x):
+        gemm = model.gemm
+        op = gradients.fused_op(lambda x, *_, save: self._fused(model, x, save), self.precision, gemm.out_features)
+        return fused_call(op, x, gemm.weight, gemm.bias, model.subtract)
+
+    def _fused(self, model, x, save):
         x = input_operand(x, model.gemm.in_features)
-        w_mean, offset = self.folded(model, x.device)
+        w_mean, offset = self.folded(model, x.device)  # cached also under autograd: the backward maps dw̄ to dW
         out = torch.empty_like(x)
         self.run(x, w_mean, offset, out)
-        return out
+        return out, ((x, w_mean, offset) if save else ())
 
     def run(self, x, w_mean, offset, out):
         raise NotImplementedError

@@ -16,11 +16,14 @@ coef = s·γ/√(s²·σ²_z + eps), updates the running statistics exactly as n
   chunks with Chan's update (stable at any mean, never E[z²] − E[z]²), then the normalize pass.
   The time is the GEMM's plus two reads and one write of z.
 
-Needs batch >= 2.
+Needs batch >= 2. With a gradient needed the normalised output goes to a fresh buffer and z,
+which the backward needs, stays (gradients.py).
 
 Eval (running statistics). The whole block is one linear layer: W' = W·k[:, None], b' = shift
 with k, shift as in ``cuda_gemm``; folded once (cached until a parameter or running statistic
-changes) and run as one addmm, no extra kernel.
+changes) and run as one addmm, no extra kernel. With a gradient needed: the GEMM, then
+out = z·k + shift with k and shift computed from the parameters each call (O(out)), so autograd
+reaches them; z is kept for dk.
 
 Preconditions: float32 CUDA tensors (running statistics contiguous: updated in place); any
 sizes. Kernel: csrc/bn_epilogue.cu.
@@ -31,11 +34,12 @@ import pathlib
 
 import torch
 
+from autofuse.autograd import fused_call, needs_grad
 from autofuse.cuda_variant import CudaVariant, input_operand, operand
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear
 from autofuse.variant import FoldCache
-from autofuse.variants.gemm_bn import cuda_gemm
+from autofuse.variants.gemm_bn import cuda_gemm, gradients
 from autofuse.variants.gemm_bn.cuda_gemm import (
     TrainOperands,
     eval_coefficients,
@@ -85,12 +89,14 @@ class CublasEpilogueGemmBn(CudaVariant):
     description = ("train: cuBLAS GEMM, then the column strip held on chip (or statistics + normalize passes), "
                    "running stats, z normalised in place; eval: folded addmm")
     source = "csrc/bn_epilogue.cu"
-    launchers = {"af_bn_train": ("ptr",) * 13 + ("float", "float", "int", "int")}
+    launchers = {"af_bn_train": ("ptr",) * 14 + ("float", "float", "int", "int")}
+    supports_autograd = True
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._folded = FoldCache()
         self._arrivals = {}  # (device index, stream) -> the two-kernel path's arrival counters
+        self._eval_op = gradients.eval_op(self._eval_fused, precision)
 
     @classmethod
     def configs(cls, shape, device):
@@ -104,28 +110,34 @@ class CublasEpilogueGemmBn(CudaVariant):
         return digest.hexdigest()[:16]
 
     def forward(self, model, x):
-        n_out, n_in = model.gemm.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device)
         if uses_batch_statistics(model.bn):
-            return self._train(model, x, w)
-        return self._eval(model, x, w)
+            return self._train(model, x)
+        return self._eval(model, x)
 
-    def _train(self, model, x, w):
-        ops = TrainOperands.of(model, x)
-        batch, n_out = x.shape[0], w.shape[0]
-        lib = self.library(x.device)
-        z = linear(x, self.gemm_weight(model.gemm.weight), None, self.precision).contiguous()
+    def _train(self, model, x):
+        ops = TrainOperands.of(model, input_operand(x, model.gemm.in_features))
+        op = gradients.train_op(lambda x, weight, *_, save: self._train_fused(model, ops, x, weight, save),
+                                self.precision, ops.eps)  # fmt: skip
+        return fused_call(op, x, model.gemm.weight, model.gemm.bias, model.scale, model.bn.weight, model.bn.bias)
+
+    def _train_fused(self, model, ops, x, weight, save):
+        n_out, n_in = weight.shape
+        x = input_operand(x, n_in)
+        w = operand(weight, "gemm.weight", (n_out, n_in), x.device)
+        w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
+        batch, lib = x.shape[0], self.library(x.device)
+        z = linear(x, w, None, self.precision).contiguous()
         work = (None,) * 6  # the strip kernel needs no workspace
         if not lib.af_bn_strip_fits(batch, x.device.index):
             part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=x.device)
             col_mean, col_coef = torch.empty(2, n_out, device=x.device)
             work = (part_count, part_mean, part_m2, self._arrival_counters(x.device, lib.af_bn_strips(n_out)),
                     col_mean, col_coef)  # fmt: skip
+        out = torch.empty_like(z) if save else z
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
-        self.launch("af_bn_train", z, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean, ops.running_var,
-                    *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
-        return z
+        self.launch("af_bn_train", z, out, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
+                    ops.running_var, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
+        return out, ((x, w, z, None, None, ops.scale, ops.gamma) if save else ())
 
     def _arrival_counters(self, device, strips):
         """column_stats' per-strip counters, zeroed once when allocated, not by a memset launch per
@@ -139,13 +151,26 @@ class CublasEpilogueGemmBn(CudaVariant):
             self._arrivals[key] = counters
         return counters
 
-    def _eval(self, model, x, w):
+    def _eval(self, model, x):
+        if needs_grad(x, *model.parameters()):
+            return fused_call(self._eval_op, x, model.gemm.weight, *gradients.affine_coefficients(model))
+        n_out, n_in = model.gemm.weight.shape
+        x = input_operand(x, n_in)
+        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device)
         weight, bias = self._folded.get(
             [model.gemm.weight, *eval_dependencies(model)],
             lambda: self._fold(model, w, x.device),
             extra=(float(model.bn.eps),),
         )
         return linear(x, self.gemm_weight(weight), bias, self.precision)
+
+    def _eval_fused(self, x, weight, k, shift, save):
+        n_out, n_in = weight.shape
+        x = input_operand(x, n_in)
+        w = operand(weight, "gemm.weight", (n_out, n_in), x.device)
+        w = self.gemm_weight(weight) if self.precision == "bf16" else w
+        z = linear(x, w, None, self.precision)
+        return torch.addcmul(shift, z, k), ((x, w, z, k) if save else ())
 
     @staticmethod
     def _fold(model, w, device):

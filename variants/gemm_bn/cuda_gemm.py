@@ -17,7 +17,9 @@ torch, cached until a parameter or running statistic changes, and applied in the
 
 fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tensors (made
 contiguous; the running statistics must already be contiguous, they are updated in place);
-any sizes. Kernel: csrc/gemm_bn.cu.
+any sizes. Kernel: csrc/gemm_bn.cu. Autograd: the kernels keep neither z nor its statistics, so
+the backward recomputes z with one cuBLAS GEMM (gradients.py); eval-mode k and shift are then
+computed from the parameters each call, so autograd reaches them.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import dataclasses
 
 import torch
 
+from autofuse.autograd import fused_call, needs_grad
 from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
 from autofuse.errors import InputError
 from autofuse.gemm_space import SHARED_LIMIT
 from autofuse.hookspecs import hookimpl
 from autofuse.variant import FoldCache
+from autofuse.variants.gemm_bn import gradients
 
 
 def uses_batch_statistics(bn) -> bool:
@@ -120,20 +124,33 @@ class GemmBn(GemmKernelVariant):
         "af_gemm_bn_eval": ("ptr",) * 5 + ("int", "int", "int"),
     }
 
+    supports_autograd = True
+
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._coefficients = FoldCache()
 
     def forward(self, model, x):
-        n_out, n_in = model.gemm.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device)
         if uses_batch_statistics(model.bn):
-            return self._train(model, x, w)
-        return self._eval(model, x, w)
+            ops = TrainOperands.of(model, input_operand(x, model.gemm.in_features))
+            op = gradients.train_op(lambda x, weight, *_, save: self._train(model, ops, x, weight, save),
+                                    self.precision, ops.eps)  # fmt: skip
+            return fused_call(op, x, model.gemm.weight, model.gemm.bias, model.scale, model.bn.weight, model.bn.bias)
+        if needs_grad(x, *model.parameters()):
+            op = gradients.eval_op(self._eval, self.precision)
+            return fused_call(op, x, model.gemm.weight, *gradients.affine_coefficients(model))
+        k, shift = self._coefficients.get(
+            eval_dependencies(model), lambda: eval_coefficients(model, x.device), extra=(float(model.bn.eps),)
+        )
+        return self._eval(x, model.gemm.weight, k, shift, save=False)[0]
 
-    def _train(self, model, x, w):
-        ops = TrainOperands.of(model, x)
+    def _operands(self, x, weight):
+        n_out, n_in = weight.shape
+        x = input_operand(x, n_in)
+        return x, operand(weight, "gemm.weight", (n_out, n_in), x.device)
+
+    def _train(self, model, ops, x, weight, save):
+        x, w = self._operands(x, weight)
         (batch, n_in), n_out = x.shape, w.shape[0]
         row_blocks = self.library(x.device).af_row_blocks(batch)  # blocks along M in this build: a plain int query
         out = torch.empty(batch, n_out, device=x.device)
@@ -143,16 +160,15 @@ class GemmBn(GemmKernelVariant):
         self.launch("af_gemm_bn_train", x, w, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
                     ops.running_var, out, part_count, part_mean, part_m2, col_mean, col_coef, ops.eps, factor,
                     batch, n_out, n_in, device=x.device)  # fmt: skip
-        return out
+        return out, ((x, w, None, None, None, ops.scale, ops.gamma) if save else ())
 
-    def _eval(self, model, x, w):
+    def _eval(self, x, weight, k, shift, save):
+        x, w = self._operands(x, weight)
         (batch, n_in), n_out = x.shape, w.shape[0]
-        k, shift = self._coefficients.get(
-            eval_dependencies(model), lambda: eval_coefficients(model, x.device), extra=(float(model.bn.eps),)
-        )
+        k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
         out = torch.empty(batch, n_out, device=x.device)
         self.launch("af_gemm_bn_eval", x, w, k, shift, out, batch, n_out, n_in, device=x.device)
-        return out
+        return out, ((x, w, None, k) if save else ())
 
 
 class CudaNaiveGemmBn(GemmBn):

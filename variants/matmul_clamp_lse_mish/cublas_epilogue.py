@@ -8,15 +8,18 @@ Then one kernel, one block of AF_BLOCK threads per row, does everything after it
 of y (16-byte loads): clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is
 exact), the running (max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and
 z·mish(z) into the (batch, 1) output. NaN propagates as in torch.clamp and torch.logsumexp. So the time is the
-GEMM's plus one read of the (batch × out) logits. Kernel: csrc/clamp_lse_mish_rows.cu.
+GEMM's plus one read of the (batch × out) logits. With a gradient needed the backward keeps y,
+which exists anyway, and z (see gradients.py). Kernel: csrc/clamp_lse_mish_rows.cu.
 """
 
 import torch
 
-from autofuse.cuda_variant import CudaVariant, linear_operands
+from autofuse.autograd import fused_call
+from autofuse.cuda_variant import CudaVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear_deferring_bias
 
+from . import gradients
 from .cuda_gemm import clamp_lse_scalars
 
 
@@ -32,17 +35,22 @@ class CublasEpilogueClampLseMish(CudaVariant):
     def configs(cls, shape, device):
         return [{"block": b} for b in (256, 128, 512, 1024)]
 
+    supports_autograd = True
+
     def forward(self, model, x):
-        lin = model.matmul
-        n_out, n_in = lin.weight.shape
-        x, w, b = linear_operands(x, lin, "matmul")
-        t, lo, hi = clamp_lse_scalars(model)
-        y, bias = linear_deferring_bias(x, self.gemm_weight(lin.weight), b, self.precision)
+        scalars = clamp_lse_scalars(model)
+        op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
+        return fused_call(op, x, model.matmul.weight, model.matmul.bias)
+
+    def _fused(self, x, weight, bias, scalars, save):
+        x, w, b = gemm_operands(x, weight, bias, "matmul")
+        w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
+        y, bias_left = linear_deferring_bias(x, w, b, self.precision)
         y = y.contiguous()
         out = torch.empty(x.shape[0], 1, device=x.device)
-        self.launch("af_clamp_lse_mish_rows", y, int(y.dtype == torch.bfloat16), bias, out, t, lo, hi, x.shape[0], n_out,
-                    device=x.device)  # fmt: skip
-        return out
+        self.launch("af_clamp_lse_mish_rows", y, int(y.dtype == torch.bfloat16), bias_left, out, *scalars, x.shape[0],
+                    w.shape[0], device=x.device)  # fmt: skip
+        return out, ((x, w, b, y, bias_left, None) if save else ())  # z: the backward takes it from y
 
 
 @hookimpl

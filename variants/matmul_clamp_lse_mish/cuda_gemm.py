@@ -9,15 +9,20 @@ clamp bound) and writes z·mish(z). NaN propagates as in torch.clamp and torch.l
 s, lo and hi are read from the model at every call and passed as float32, as PyTorch casts them.
 fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tensors (made
 contiguous), a bias; any sizes (no tile divisibility assumed). Kernel: csrc/gemm_clamp_lse_mish.cu.
+Autograd: the logits never reach memory, so the backward recomputes them with one cuBLAS GEMM
+(gradients.py): three GEMMs in the backward instead of two, nothing extra saved.
 """
 
 import math
 
 import torch
 
-from autofuse.cuda_variant import GemmKernelVariant, linear_operands
+from autofuse.autograd import fused_call
+from autofuse.cuda_variant import GemmKernelVariant, gemm_operands
 from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
+
+from . import gradients
 
 _PTR6 = ("ptr",) * 6
 
@@ -37,19 +42,23 @@ class GemmClampLseMish(GemmKernelVariant):
     source = "csrc/gemm_clamp_lse_mish.cu"
     launchers = {"af_gemm_clamp_lse_mish": _PTR6 + ("float", "float", "float", "int", "int", "int")}
 
+    supports_autograd = True
+
     def forward(self, model, x):
-        lin = model.matmul
-        n_out, n_in = lin.weight.shape
-        x, w, b = linear_operands(x, lin, "matmul")
-        t, lo, hi = clamp_lse_scalars(model)
-        batch = x.shape[0]
+        scalars = clamp_lse_scalars(model)
+        op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
+        return fused_call(op, x, model.matmul.weight, model.matmul.bias)
+
+    def _fused(self, x, weight, bias, scalars, save):
+        x, w, b = gemm_operands(x, weight, bias, "matmul")
+        (batch, n_in), n_out = x.shape, w.shape[0]
         parts = self.library(x.device).af_parts(n_out)
         out = torch.empty(batch, 1, device=x.device)
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty(batch, parts, device=x.device)
-        args = (x, w, b, out, part_max, part_sum, t, lo, hi, batch, n_out, n_in)
+        args = (x, w, b, out, part_max, part_sum, *scalars, batch, n_out, n_in)
         self.launch("af_gemm_clamp_lse_mish", *args, device=x.device)
-        return out
+        return out, ((x, w, b, None, None, None) if save else ())
 
 
 class CudaNaiveClampLseMish(GemmClampLseMish):

@@ -8,14 +8,18 @@ Then one kernel, one block of ``block`` threads per row, does everything after i
 and a stable softmax. With ``items`` > 0 the row stays in registers (``items`` values a
 thread, 16-byte loads): one read of y and one write of the result, so the time is the GEMM's
 plus one pass over the (batch × out) logits. ``items`` = 0 streams the row twice (any length).
-Kernel: csrc/gelu_softmax_rows.cu.
+With a gradient needed the kernel writes a fresh output instead of overwriting y, which the
+backward keeps (see gradients.py). Kernel: csrc/gelu_softmax_rows.cu.
 """
 
 import torch
 
-from autofuse.cuda_variant import CudaVariant, linear_operands
+from autofuse.autograd import fused_call
+from autofuse.cuda_variant import CudaVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear_deferring_bias
+
+from . import gradients
 
 BLOCKS = (256, 128, 512, 1024)
 ITEMS = (8, 16, 24, 32)
@@ -41,21 +45,28 @@ class CublasEpilogueGeluSoftmax(CudaVariant):
     description = "addmm through cuBLAS, then one row kernel: GELU + stable softmax, the row in registers"
     source = "csrc/gelu_softmax_rows.cu"
     launchers = {"af_gelu_softmax_rows": ("ptr", "int", "ptr", "ptr", "int", "int")}
+    supports_autograd = True
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._op = gradients.fused_op(self._fused, precision)
 
     @classmethod
     def configs(cls, shape, device):
         return row_configs(shape["out_features"])
 
     def forward(self, model, x):
-        lin = model.linear
-        n_out, n_in = lin.weight.shape
-        x, w, b = linear_operands(x, lin, "linear")
-        y, bias = linear_deferring_bias(x, self.gemm_weight(lin.weight), b, self.precision)
+        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
+
+    def _fused(self, x, weight, bias, save):
+        x, w, b = gemm_operands(x, weight, bias, "linear")
+        w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
+        y, bias_left = linear_deferring_bias(x, w, b, self.precision)
         y = y.contiguous()
-        out = y if y.dtype == torch.float32 else torch.empty(y.shape, device=y.device)
-        self.launch("af_gelu_softmax_rows", y, int(y.dtype == torch.bfloat16), bias, out, x.shape[0], n_out,
+        out = y if y.dtype == torch.float32 and not save else torch.empty(y.shape, device=y.device)
+        self.launch("af_gelu_softmax_rows", y, int(y.dtype == torch.bfloat16), bias_left, out, x.shape[0], w.shape[0],
                     device=x.device)  # fmt: skip
-        return out
+        return out, ((x, w, b, y, bias_left, out) if save else ())
 
 
 @hookimpl

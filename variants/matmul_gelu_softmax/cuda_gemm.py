@@ -6,12 +6,17 @@ epilogue adds the bias, applies the exact erf GELU, stores the row and leaves on
 with the max subtracted (no overflow at any magnitude) and rescales the row in place.
 fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tensors (made
 contiguous); any sizes (no tile divisibility assumed). Kernel: csrc/gemm_gelu_softmax.cu.
+Autograd: the kernels never keep the pre-GELU logits, so the backward recomputes them with one
+cuBLAS GEMM (gradients.py): three GEMMs in the backward instead of two, nothing extra saved.
 """
 
 import torch
 
-from autofuse.cuda_variant import GemmKernelVariant, linear_operands
+from autofuse.autograd import fused_call
+from autofuse.cuda_variant import GemmKernelVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
+
+from . import gradients
 
 _PTR6 = ("ptr",) * 6
 
@@ -21,17 +26,24 @@ class GemmGeluSoftmax(GemmKernelVariant):
     source = "csrc/gemm_gelu_softmax.cu"
     launchers = {"af_gemm_gelu_softmax": _PTR6 + ("int", "int", "int")}
 
+    supports_autograd = True
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._op = gradients.fused_op(self._fused, precision)
+
     def forward(self, model, x):
-        lin = model.linear
-        n_out, n_in = lin.weight.shape
-        x, w, b = linear_operands(x, lin, "linear")
-        batch = x.shape[0]
+        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
+
+    def _fused(self, x, weight, bias, save):
+        x, w, b = gemm_operands(x, weight, bias, "linear")
+        (batch, n_in), n_out = x.shape, w.shape[0]
         parts = self.library(x.device).af_parts(n_out)
         y = torch.empty(batch, n_out, device=x.device)
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty(batch, parts, device=x.device)
         self.launch("af_gemm_gelu_softmax", x, w, b, y, part_max, part_sum, batch, n_out, n_in, device=x.device)
-        return y
+        return y, ((x, w, b, None, None, y) if save else ())
 
 
 class CudaNaiveGeluSoftmax(GemmGeluSoftmax):

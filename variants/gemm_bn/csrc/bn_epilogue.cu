@@ -5,7 +5,8 @@
 // Strip-resident (AF_STRIP_COLS = C > 0, batches whose M×C strip fits in shared memory): one
 //   block per strip of C columns loads the whole strip once, computes each column's mean and
 //   then Σ(v − mean)² from shared memory (an exact two-pass: stable at any mean, no divisions
-//   per element), finishes its columns and writes the normalised strip back. One launch, one
+//   per element), finishes its columns and writes the normalised strip to out (z itself, or a
+//   separate buffer when autograd keeps z for the backward). One launch, one
 //   read and one write of z.
 // Two kernels (AF_STRIP_COLS = 0, or a batch too tall for the strip):
 //   column_stats: a block per strip of 32 columns × chunk of rows. Each thread accumulates
@@ -13,7 +14,7 @@
 //     its threads' sums and stores the chunk's (count, mean, M2); the last block of a strip to
 //     arrive (a device-scope counter) merges the chunks with Chan's update, writes μ_z and coef
 //     and updates the running statistics. Never E[z²] − E[z]² (see column_stats).
-//   bn_normalize: z ← (z − μ_z)·coef + β in place.
+//   bn_normalize: out ← (z − μ_z)·coef + β (out = z: in place).
 // Both read and write z as float4 when N % 4 == 0 and z is 16-byte aligned, scalars otherwise.
 #include "math.cuh"
 
@@ -140,7 +141,7 @@ __device__ __forceinline__ float strip_column_sum(float v, float* red, float* ou
 
 template <int VEC>
 __global__ void __launch_bounds__(STRIP_BLOCK)
-strip_bn(float* __restrict__ z, int M, int N, const float* __restrict__ beta, BnParams params) {
+strip_bn(const float* z, float* out, int M, int N, const float* __restrict__ beta, BnParams params) {
     constexpr int C = STRIP_COLS > 0 ? STRIP_COLS : 32;  // 32: never launched, keeps the template valid
     constexpr int PER_ROW = C / VEC;                      // threads (vectors) per strip row
     constexpr int ROW_STEP = STRIP_BLOCK / PER_ROW;       // strip rows one pass of the block covers
@@ -205,7 +206,7 @@ strip_bn(float* __restrict__ z, int M, int N, const float* __restrict__ beta, Bn
         load_vec<VEC>(strip + r * C + c, v);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[j] = fmaf(v[j] - mu[j], coef[j], b[j]);
-        store_vec<VEC>(z + (size_t)r * N + col0 + c, v);
+        store_vec<VEC>(out + (size_t)r * N + col0 + c, v);
     }
 }
 
@@ -322,7 +323,7 @@ column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* p
 // last chunks of rows last, so those are the rows likeliest still in L2 when this kernel starts.
 template <int VEC>
 __global__ void __launch_bounds__(BLOCK)
-bn_normalize(float* __restrict__ z, const float* __restrict__ col_mean, const float* __restrict__ col_coef,
+bn_normalize(const float* z, float* out, const float* __restrict__ col_mean, const float* __restrict__ col_coef,
              const float* __restrict__ beta, int M, int N) {
     constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
     const int cx = threadIdx.x % PER_ROW, ly = threadIdx.x / PER_ROW;
@@ -341,7 +342,7 @@ bn_normalize(float* __restrict__ z, const float* __restrict__ col_mean, const fl
         if (first + u * LANES < M) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) v[u][j] = fmaf(v[u][j] - mu[j], coef[j], b[j]);
-            store_vec<VEC>(z + (size_t)(first + u * LANES) * N + c0, v[u]);
+            store_vec<VEC>(out + (size_t)(first + u * LANES) * N + c0, v[u]);
         }
 }
 
@@ -369,7 +370,7 @@ constexpr int MAX_DEVICES = 64;
 static std::atomic<int> strip_allowed[2][MAX_DEVICES];
 
 template <int VEC>
-static int launch_strip(float* z, const float* beta, const BnParams& params, int M, int N, cudaStream_t stream) {
+static int launch_strip(const float* z, float* out, const float* beta, const BnParams& params, int M, int N, cudaStream_t stream) {
     int device = 0, limit = 0;
     int status = (int)cudaGetDevice(&device);
     if (status == 0) status = (int)cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -382,12 +383,12 @@ static int launch_strip(float* z, const float* beta, const BnParams& params, int
         if (status != 0) return status;
         allowed.store(limit);
     }
-    strip_bn<VEC><<<af_ceil_div(N, STRIP_COLS), STRIP_BLOCK, bytes, stream>>>(z, M, N, beta, params);
+    strip_bn<VEC><<<af_ceil_div(N, STRIP_COLS), STRIP_BLOCK, bytes, stream>>>(z, out, M, N, beta, params);
     AF_CHECK_LAUNCH();
 }
 
 template <int VEC>
-static int launch_two_kernels(float* z, const float* beta, const BnParams& params, float* part_count,
+static int launch_two_kernels(const float* z, float* out, const float* beta, const BnParams& params, float* part_count,
                               float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
                               float* col_coef, int M, int N, cudaStream_t stream) {
     const int chunks = stat_chunks(M);
@@ -398,27 +399,29 @@ static int launch_two_kernels(float* z, const float* beta, const BnParams& param
     const int status = (int)cudaGetLastError();
     if (status != 0) return status;
     const int rows = NORM_UNROLL * (BLOCK / (COLS / VEC));
-    bn_normalize<VEC><<<dim3(strips, af_ceil_div(M, rows)), BLOCK, 0, stream>>>(z, col_mean, col_coef, beta, M, N);
+    bn_normalize<VEC><<<dim3(strips, af_ceil_div(M, rows)), BLOCK, 0, stream>>>(z, out, col_mean, col_coef, beta, M, N);
     AF_CHECK_LAUNCH();
 }
 
-// z (M×N) is normalised in place; running_mean/running_var may both be null (no update). With
+// z (M×N) is normalised into out, which may be z itself (in place: each element is read before it is
+// written, by the same thread); running_mean/running_var may both be null (no update). With
 // part_count null the strip kernel runs (the caller asked af_bn_strip_fits), and the other
 // workspaces may be null too; otherwise the two kernels run with them.
-AF_EXPORT int af_bn_train(float* z, const float* bias, const float* scale, const float* gamma, const float* beta,
+AF_EXPORT int af_bn_train(const float* z, float* out, const float* bias, const float* scale, const float* gamma, const float* beta,
                           float* running_mean, float* running_var, float* part_count, float* part_mean,
                           float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, float eps,
                           float factor, int M, int N, cudaStream_t stream) {
     if (M == 0 || N == 0) return 0;  // nothing to launch (an empty grid is a launch error)
     const BnParams params{bias, scale, gamma, running_mean, running_var, eps, factor};
     // float4 along a row needs every row start 16-byte aligned: N % 4 == 0 and an aligned base.
-    const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0;
+    const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
     if (part_count == nullptr) {
         if (STRIP_COLS == 0) return (int)cudaErrorInvalidValue;
-        return vec ? launch_strip<4>(z, beta, params, M, N, stream) : launch_strip<1>(z, beta, params, M, N, stream);
+        return vec ? launch_strip<4>(z, out, beta, params, M, N, stream) : launch_strip<1>(z, out, beta, params, M, N, stream);
     }
-    return vec ? launch_two_kernels<4>(z, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
+    return vec ? launch_two_kernels<4>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
                                        M, N, stream)
-               : launch_two_kernels<1>(z, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
+               : launch_two_kernels<1>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
                                        M, N, stream);
 }

@@ -1,0 +1,109 @@
+"""Autograd for fused variants: the fused forward saves what its backward needs, nothing more.
+
+Every fused variant (cuBLAS + epilogue, the CUDA families, the Triton family, 51's row
+kernels) follows one pattern. Its forward is a function of the input and of the model
+tensors that may need gradients (``inputs``); it returns the output and the tensors its
+problem's backward needs (``saved``). ``fused_call`` runs it plainly when no gradient is
+needed (no autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The
+backward is the problem's (``variants/<problem>/gradients.py``): the epilogue's backward
+fused into one pass, then the GEMMs of the backward through cuBLAS at the forward's precision
+(``backward_gemms``). A forward that cannot cheaply save an intermediate saves None in its
+place and the backward recomputes it (the SIMT CUDA kernels never store the logits).
+
+The backward runs when the caller's ``loss.backward()`` runs, outside the variant's
+``math_mode``: precision is re-established here, so a tf32 forward has a tf32 backward and an
+fp32 one never lets TF32 in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from autofuse.precision import math_mode
+
+Saved = Sequence[torch.Tensor | None]
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call with these tensors must record a backward: grad mode on and one requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    """A fused forward and the backward of its problem, at one precision.
+
+    ``forward(*inputs, save)`` returns (out, saved); with ``save=False`` saved is ignored and
+    the forward should store nothing extra. ``backward(saved, grad, needs)`` returns one
+    gradient (or None) per input; ``needs[i]`` says whether input i needs one.
+    """
+
+    forward: Callable[..., tuple[torch.Tensor, Saved]]
+    backward: Callable[[Saved, torch.Tensor, Sequence[bool]], Sequence[torch.Tensor | None]]
+    precision: str
+
+
+class FusedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: FusedOp, *inputs):
+        out, saved = op.forward(*inputs, save=True)
+        ctx.op = op
+        ctx.save_for_backward(*saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        op: FusedOp = ctx.op
+        with math_mode(op.precision):
+            grads = op.backward(ctx.saved_tensors, grad.contiguous(), ctx.needs_input_grad[1:])
+        return (None, *grads)
+
+
+def fused_call(op: FusedOp, *inputs: torch.Tensor | None) -> torch.Tensor:
+    """``op``'s output for ``inputs``, differentiable with respect to each that requires grad."""
+    if needs_grad(*inputs):
+        return FusedFunction.apply(op, *inputs)
+    out, _ = op.forward(*inputs, save=False)
+    return out
+
+
+def backward_gemms(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, precision: str,
+                   need_x: bool, need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dW) of y = x·Wᵀ given dy = ∂L/∂y: dx = dy·W and dW = dyᵀ·x through cuBLAS.
+
+    At the forward's precision (the caller's ``math_mode``): float32 (TF32 per the mode), or
+    under bf16 with bfloat16 operands, float32 accumulation and float32 results, as the
+    forward's GEMM. ``weight`` is the forward's GEMM operand (under bf16 its cached bfloat16
+    copy), so the backward reads the operand the forward used.
+    """
+    dx = dw = None
+    if precision == "bf16" and x.dtype == torch.float32:
+        dyb, wb = dy.bfloat16(), weight.bfloat16()
+        if need_x:
+            dx = _bf16_mm(dyb, wb)
+        if need_weight:
+            dw = _bf16_mm(dyb.t(), x.bfloat16())
+        return dx, dw
+    if need_x:
+        dx = dy.to(weight.dtype) @ weight
+    if need_weight:
+        dw = dy.t().to(x.dtype) @ x
+    return dx, dw
+
+
+def _bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a·b with bfloat16 operands, float32 accumulation, a float32 result (as the forward's bf16 GEMM)."""
+    if a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # a torch without out_dtype: one bf16 rounding more
+            return torch.mm(a, b).float()
+    return a.float() @ b.float()  # the CPU: rounded operands, float32 sums
+
+
+def reduce_rows(t: torch.Tensor) -> torch.Tensor:
+    """Σ over the batch in float32 (a bias gradient), whatever ``t``'s dtype."""
+    return t.sum(0, dtype=torch.float32) if t.dtype != torch.float64 else t.sum(0)

@@ -1,0 +1,156 @@
+"""The Triton GEMM main loop every ``triton`` variant shares (imported only when one is built).
+
+A problem's kernel (``variants/<problem>/triton_kernels.py``) is a loop over output tiles that
+calls ``tile_coords`` and ``tile_accumulator`` and then applies its own epilogue to the
+float32 accumulator while it is still in registers. One kernel serves both schedules: launched
+with one program per tile it is the classic grid; launched with one program per SM it is
+persistent, each program walking tiles ``num_programs`` apart.
+
+- Grouped ordering (``tile_coords``): GROUP_M row-blocks of x sweep every column block before
+  the next group starts, so a band of x stays in L2 while W streams through.
+- Operands: x (M×K) and W (N×K) are both K-major, as Hopper's tensor cores want them. With
+  TMA they arrive through tensor descriptors (the copy engine, zero padding past the edges);
+  otherwise through pointer loads whose rows past M or N are clamped to valid ones (their
+  results are never stored) and whose K tail is masked only when K % BLOCK_K != 0.
+- Precision (``operand_dot``, MODE): "3xtf32" is float32 accuracy from tensor cores: x = hi + lo
+  and W = hi + lo, each part rounded to TF32 to nearest before the kernel (W's split cached, x's
+  one pass per call, ``tf32_parts``), lo·hi + hi·lo + hi·hi per k-slice added to a float32
+  running sum (``split_dot``); every part is exactly a TF32 number, so the tensor cores
+  multiply it exactly. "tf32x3" is Triton's own split of both operands
+  inside the kernel. "tf32" multiplies x as the tensor cores take it (truncated to TF32) by W
+  rounded to nearest once on the host (x too, by a pass, where the operands say "round_host").
+  "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
+  float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
+  the dot: on an H100 with Triton 3.6, rounding or splitting x in registers before a TF32 dot, or
+  converting a float32 x tile of 64 columns to bfloat16 there, gave wrong sums (errors of 1e-5 to
+  5e-2 and NaN where the interpreter and the host-side splits are exact; tests/device/NOTES.md).
+- Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bfloat16 blocks wrongly
+  (numpy sees their raw bits), so under it (INTERPRET) bf16 operands are multiplied as float32:
+  the same products, float32 sums.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of the ``tile``-th tile in grouped order."""
+    per_group = GROUP_M * num_n
+    group = tile // per_group
+    first_m = group * GROUP_M
+    rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows
+    pid_n = (tile % per_group) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def split_dot(a, a_lo, b, b_lo, acc):
+    """acc + (lo·hi + hi·lo + hi·hi) for one k-slice: 3xtf32. The slice's three products go into a
+    fresh accumulator and that is added to the running sum by ordinary float32 additions. Chained
+    through the tensor cores' own accumulator, the sum lost ~2⁻²³ of its magnitude at every step:
+    1e-5 to 5e-5 relative error at K = 1000 to 8192 on an H100 (a separate accumulator for the
+    small terms alone left 1.9e-5), where 3xTF32 should give ~1e-7."""
+    part = tl.dot(a_lo, b, tl.zeros_like(acc), input_precision="tf32")
+    part = tl.dot(a, b_lo, part, input_precision="tf32")
+    part = tl.dot(a, b, part, input_precision="tf32")
+    return acc + part
+
+
+@triton.jit
+def operand_dot(a, b, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a·b (a: BM×BK, b: BK×BN) in MODE (3xtf32: see split_dot)."""
+    if MODE == "bf16":
+        if INTERPRET:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(a, b, acc)
+    elif MODE == "tf32":
+        return tl.dot(a, b, acc, input_precision="tf32")
+    elif MODE == "tf32x3":
+        return tl.dot(a, b, acc, input_precision="tf32x3")
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K, pid_m, pid_n,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """x[rows]·W[cols]ᵀ for one BLOCK_M × BLOCK_N tile, accumulated in float32.
+
+    x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
+    With TMA the descriptors (block shapes [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]) are read
+    and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 only.
+    """
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if TMA:
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for kt in range(0, k_tiles):
+            a = x_desc.load([off_m, kt * BLOCK_K])
+            b = w_desc.load([off_n, kt * BLOCK_K]).T
+            if MODE == "3xtf32":
+                a_lo = x_lo_desc.load([off_m, kt * BLOCK_K])
+                b_lo = w_lo_desc.load([off_n, kt * BLOCK_K]).T
+                acc = split_dot(a, a_lo, b, b_lo, acc)
+            else:
+                acc = operand_dot(a, b, acc, MODE, INTERPRET)
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.where(rm < M, rm, 0)  # rows past the edge read row 0; their results are never stored
+        rn = tl.where(rn < N, rn, 0)
+        rk = tl.arange(0, BLOCK_K)
+        a_offsets = rm[:, None].to(tl.int64) * K + rk[None, :]
+        b_offsets = rn[:, None].to(tl.int64) * K + rk[None, :]
+        for kt in range(0, k_tiles):
+            k_ok = rk[None, :] < K - kt * BLOCK_K
+            if EVEN_K:
+                a = tl.load(x_ptr + a_offsets)
+                b = tl.load(w_ptr + b_offsets).T
+            else:
+                a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
+                b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
+            if MODE == "3xtf32":
+                if EVEN_K:
+                    a_lo = tl.load(x_lo_ptr + a_offsets)
+                    b_lo = tl.load(w_lo_ptr + b_offsets).T
+                else:
+                    a_lo = tl.load(x_lo_ptr + a_offsets, mask=k_ok, other=0.0)
+                    b_lo = tl.load(w_lo_ptr + b_offsets, mask=k_ok, other=0.0).T
+                acc = split_dot(a, a_lo, b, b_lo, acc)
+            else:
+                acc = operand_dot(a, b, acc, MODE, INTERPRET)
+            a_offsets += BLOCK_K
+            b_offsets += BLOCK_K
+    return acc
+
+
+@triton.jit
+def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """hi = src rounded to TF32 to nearest (ties away, as cvt.rna.tf32.f32), and with SPLIT
+    lo = (src − hi) rounded likewise: x's operands for "tf32"/"3xtf32", one pass over x. In bits
+    (inf and NaN stay what they are), so the interpreter runs it too."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offsets < n
+    v = tl.load(src_ptr + offsets, mask=ok, other=0.0)
+    hi = ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    tl.store(hi_ptr + offsets, hi, mask=ok)
+    if SPLIT:
+        lo = ((v - hi).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
+        tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
+
+
+@triton.jit
+def gelu(v):
+    """The exact erf GELU, as F.gelu: v·Φ(v)."""
+    return 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+
+
+@triton.jit
+def gelu_grad(v):
+    """d gelu(v)/dv = Φ(v) + v·φ(v)."""
+    return 0.5 * (1.0 + tl.erf(v * 0.7071067811865476)) + v * tl.exp(-0.5 * v * v) * 0.3989422804014327

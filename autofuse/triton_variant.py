@@ -1,0 +1,267 @@
+"""Base class of the ``triton`` variants: a tensor-core GEMM with the problem's epilogue inside.
+
+Triton is imported lazily: where it is missing the variant is not admitted and ``autofuse
+list`` says why. The kernels run on CUDA, and on the CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``), which is how CI checks their masks, partial tiles and odd shapes.
+
+The search space (``gemm_configs``) is the main loop's: tile sizes, k-slice, pipeline depth
+(``stages``), warps, group size of the grouped ordering, persistence (one program per SM
+walking the tiles, or one per tile) and TMA (tensor descriptors; only where the rows are
+16-byte aligned). Configurations that cannot run are projected away: too much shared memory
+for the stages, or more accumulator registers per thread than a warp group can hold.
+Warp specialization is not a knob: Triton 3.6 offers it (``tl.range(warp_specialize=True)``)
+on Blackwell only. Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import os
+from typing import Any, ClassVar
+
+import torch
+
+from autofuse.cuda_variant import operand
+from autofuse.errors import InputError
+from autofuse.variant import FoldCache, Variant
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # an operand and its low part (the operand again unless 3xTF32)
+
+# (BLOCK_M, BLOCK_N) pairs; BLOCK_K, stages, warps, group size, persistence and TMA are searched per pair.
+TILES = ((128, 128), (128, 256), (64, 128), (128, 64), (256, 128), (64, 256))
+BLOCK_KS = (32, 64)
+STAGES = (3, 4, 2, 5)
+WARPS = (8, 4)
+GROUPS = (8, 16)
+# How the operands reach the tensor cores, by precision: (precision served, kernel MODE, bytes of x
+# and of W per element in shared memory). See autofuse/triton_gemm.py.
+OPERANDS = {
+    "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
+    "split_triton": ("fp32", "tf32x3", 4, 4),  # Triton splits both in the kernel
+    "truncate": ("tf32", "tf32", 4, 4),  # W rounded to nearest once; x truncated by the tensor cores
+    "round_host": ("tf32", "tf32", 4, 4),  # x rounded to nearest by a pass per call too
+    "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
+}
+# The first configuration of each precision (the tuner tries it first): the fastest of the probes
+# at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe").
+DEFAULTS = {
+    "fp32": {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
+             "persistent": True, "tma": True, "operands": "split_host"},
+    "tf32": {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
+             "persistent": True, "tma": True, "operands": "truncate"},
+    "bf16": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
+             "persistent": True, "tma": True, "operands": "cast_pass"},
+}
+# Shared memory the stages may take (H100: 227 KB per block); the rest is the epilogue's.
+STAGE_BYTES = 200 * 1024
+# Accumulator floats per thread: 128 keeps a 128×256 tile at 8 warps and leaves registers for
+# the 3xTF32 split; more spills.
+MAX_ACC_PER_THREAD = 128
+# Under the interpreter (the CPU tests): tiles of 16, so small odd shapes cross several tiles in
+# every dimension and the edges (partial tiles, the K tail, clamped rows) are exercised.
+INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "block_ks": (16,), "stages": (2,), "warps": (4,), "groups": (2, 8)}
+
+
+def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
+    """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision."""
+    tma_ok = n_in % 8 == 0  # 16-byte row strides for float32 x and a bfloat16 W
+    space = INTERPRETER_SPACE if device == "cpu" else {"tiles": TILES, "block_ks": BLOCK_KS, "stages": STAGES,
+                                                         "warps": WARPS, "groups": GROUPS}  # fmt: skip
+    configs = []
+    for (bm, bn), bk, stages, warps, group, persistent, tma, operands in itertools.product(
+            space["tiles"], space["block_ks"], space["stages"], space["warps"], space["groups"],
+            (True, False), (True, False), OPERANDS):
+        _, _, x_bytes, w_bytes = OPERANDS[operands]
+        if tma and not tma_ok:
+            continue
+        if stages * (bm * x_bytes + bn * w_bytes) * bk > STAGE_BYTES or bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
+            continue
+        configs.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
+                        "group_m": group, "persistent": persistent, "tma": tma, "operands": operands})
+    return configs
+
+
+def precision_configs(configs: list[dict[str, Any]], precision: str) -> list[dict[str, Any]]:
+    """``configs`` whose operands serve ``precision``, its default first where valid."""
+    mine = [c for c in configs if OPERANDS[c["operands"]][0] == precision]
+    default = DEFAULTS.get(precision)
+    return sorted(mine, key=lambda c: c != default)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its interpreter (on the CPU) in this process."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_missing() -> str | None:
+    """Why Triton cannot be imported here, or None."""
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install
+        return f"triton cannot be imported ({exc}); it ships with CUDA builds of torch, or `pip install triton`"
+    return None
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) rounded to TF32 to nearest, ties away from zero: the kernels' ``round_tf32``."""
+    return ((t.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+
+
+def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo), each a TF32 number, with hi + lo = t to about 2⁻²² relative."""
+    hi = round_tf32(t)
+    return hi, round_tf32(t - hi)
+
+
+def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W's operand, W's low part) for ``operands``; the low part is the operand again unless split."""
+    if operands == "split_host":
+        return split_tf32(w)
+    if operands in ("truncate", "round_host"):
+        hi = round_tf32(w)
+        return hi, hi
+    if operands == "cast_pass":
+        wb = w.bfloat16()
+        return wb, wb
+    return w.contiguous(), w.contiguous()
+
+
+def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's operand, x's low part) for ``operands``: one pass over x where they need one (a Triton
+    kernel for the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
+    if operands in ("split_host", "round_host"):
+        from autofuse.triton_gemm import tf32_parts
+
+        split = operands == "split_host"
+        hi = torch.empty_like(x)
+        lo = torch.empty_like(x) if split else hi
+        block = 4096
+        tf32_parts[(-(-x.numel() // block),)](x, hi, lo, x.numel(), SPLIT=split, BLOCK=block, num_warps=8)
+        return hi, lo
+    if operands == "cast_pass":
+        xb = x.bfloat16()
+        return xb, xb
+    return x, x
+
+
+def fused_kernels_apply(*tensors: torch.Tensor) -> bool:
+    """Whether a backward's Triton kernels can take these tensors: float32 and contiguous, on
+    CUDA (or on the CPU under the interpreter), with Triton importable. Else the torch formula runs."""
+    if triton_missing() is not None:
+        return False
+    device = "cpu" if interpreting() else "cuda"
+    return all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == device for t in tensors)
+
+
+def problem_kernels(problem: str):
+    """``variants/<problem>/triton_kernels.py``, imported on first use (it imports triton)."""
+    return importlib.import_module(f"autofuse.variants.{problem}.triton_kernels")
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+class TritonVariant(Variant):
+    """A problem's Triton kernels (``kernels``: the module, relative to the variant's package)."""
+
+    kind = "triton"
+    devices = ("cpu", "cuda")  # the CPU only under TRITON_INTERPRET=1: see unavailable_reason
+    dtypes = (torch.float32,)
+    precisions = ("fp32", "tf32", "bf16")  # fp32 through 3xTF32, so not ieee
+    supports_autograd = True
+    kernels: ClassVar[str] = ".triton_kernels"
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        reason = super().unavailable_reason(device) or triton_missing()
+        if reason is None and device == "cpu" and not interpreting():
+            reason = "runs on cuda (on the CPU only under TRITON_INTERPRET=1, Triton's interpreter)"
+        old_gpu = device == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0)
+        if reason is None and old_gpu:
+            reason = f"needs tensor cores with TF32 (compute capability 8.0+), got {torch.cuda.get_device_capability()}"
+        return reason
+
+    in_dim: ClassVar[str] = "in_features"  # the shape parameter that is K
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._weights = FoldCache()
+
+    @classmethod
+    def configs(cls, shape, device):
+        return gemm_configs(shape[cls.in_dim], device)
+
+    @classmethod
+    def configs_for(cls, shape, device, precision):
+        return precision_configs(cls.configs(shape, device), precision)
+
+    def build(self, device: str) -> None:
+        self.module()
+
+    def module(self):
+        """The problem's kernel module, imported on first use (it imports triton)."""
+        if "_module" not in self.__dict__:
+            self._module = importlib.import_module(self.kernels, type(self).__module__.rpartition(".")[0])
+        return self._module
+
+    def main_loop(self, xs: Pair, weights: Pair) -> dict[str, Any]:
+        """The keyword arguments every kernel's main loop takes: operands (pointers or TMA
+        descriptors), tile sizes, the kernel's MODE, and the launch's warps and stages. ``xs`` and
+        ``weights`` are ``operands()``'s pairs (the operand, and its low part under 3xtf32)."""
+        p = self.params
+        bm, bn, bk = p["block_m"], p["block_n"], p["block_k"]
+        (x, x_lo), (w, w_lo) = xs, weights
+        descs = (None,) * 4
+        if p["tma"]:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            blocks = ((x, bm), (x_lo, bm), (w, bn), (w_lo, bn))
+            descs = tuple(TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in blocks)
+        return {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": descs[0], "x_lo_desc": descs[1],
+                "w_desc": descs[2], "w_lo_desc": descs[3], "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                "GROUP_M": p["group_m"], "MODE": self.mode(), "TMA": p["tma"], "EVEN_K": x.shape[1] % bk == 0,
+                "INTERPRET": interpreting(), "num_warps": p["warps"], "num_stages": p["stages"]}
+
+    def mode(self) -> str:
+        """The kernel's MODE for these operands (``OPERANDS``)."""
+        served, mode, _, _ = OPERANDS[self.params["operands"]]
+        if served != self.precision:
+            raise InputError(f"{self.problem}/{self.name}: operands={self.params['operands']!r} serve "
+                             f"precision {served!r}, not {self.precision!r}")
+        return mode
+
+    def operands(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str):
+        """(x, (x's operand, x's low part), (W's operand, W's low part), bias), checked and contiguous,
+        errors naming expected and got (x itself is what the backward's GEMMs take). W's operands
+        derive from the parameter once and are cached
+        until it changes; x's are made per call (``input_operands``). A missing bias is zeros."""
+        n_out, n_in = weight.shape
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:
+            raise InputError(f"expected a 2-D input (batch, {n_in}), got {getattr(x, 'shape', type(x).__name__)}")
+        if not (self.precision == "bf16" and x.dtype == torch.bfloat16):
+            x = operand(x, "input", tuple(x.shape), x.device)
+        w = operand(weight, f"{name}.weight", (n_out, n_in), x.device)
+        operands = self.params["operands"]
+        weights = self._weights.get([weight], lambda: weight_operands(w, operands), extra=(operands,))
+        b = torch.zeros(n_out, device=x.device) if bias is None else operand(bias, f"{name}.bias", (n_out,), x.device)
+        x = x.detach().contiguous()
+        return x, input_operands(x, operands), weights, b
+
+    @staticmethod
+    def backward_weight(weight: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The weight the backward's cuBLAS GEMMs take: the bfloat16 copy under bf16, else the
+        parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
+        return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
+
+    def grid(self, x: torch.Tensor, n_out: int) -> tuple[int]:
+        """One program per tile, or (persistent) one per SM, never more than there are tiles."""
+        tiles = -(-x.shape[0] // self.params["block_m"]) * -(-n_out // self.params["block_n"])
+        if not self.params["persistent"]:
+            return (tiles,)
+        programs = 4 if x.device.type != "cuda" else sm_count(x.device.index if x.device.index is not None else 0)
+        return (min(tiles, programs),)

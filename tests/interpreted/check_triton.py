@@ -1,0 +1,116 @@
+"""Checks of the Triton kernels under Triton's interpreter, run by tests/test_triton_interpreted.py.
+
+TRITON_INTERPRET must be set before triton's kernels are defined, so these run in their own
+process (``python check_triton.py CHECK ARGS...``), exit 0 on success and print why otherwise.
+Tiles are 16 wide (the interpreter's configuration space), so the small odd shapes below cross
+several tiles in every dimension: partial tiles, the K tail, clamped rows and batch 1.
+"""
+
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from autofuse import registry  # noqa: E402
+from autofuse.verify import CheckCase, check_variant  # noqa: E402
+
+SIZES = ((1, 37, 53), (37, 40, 33))  # batch 1 (BN training skips it: needs 2), odd sizes
+CONFIGS = {  # the two schedules and both operand paths
+    "persistent-pointers": {"block_m": 16, "block_n": 16, "block_k": 16, "stages": 2, "warps": 4, "group_m": 2,
+                            "persistent": True, "tma": False},
+    "grid-tma": {"block_m": 32, "block_n": 16, "block_k": 16, "stages": 2, "warps": 4, "group_m": 2,
+                 "persistent": False, "tma": True},
+}
+# How the operands reach the dot, per precision and configuration (every kind is run by one of the two).
+OPERANDS = {"fp32": ("split_host", "split_triton"), "tf32": ("truncate", "round_host"), "bf16": ("cast_pass", "cast_pass")}
+
+
+def gate(problem: str, config: str, precisions: str) -> list[str]:
+    """The tuner's gate, gradients included, at every mode and distribution."""
+    prob = registry.get_problem(problem)
+    failures = []
+    for precision in precisions.split(","):
+        operands = OPERANDS[precision][list(CONFIGS).index(config)]
+        variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
+        for sizes in SIZES:
+            shape = dict(zip(prob.dims, sizes))
+            if variant.params["tma"] and sizes[1] % 8:
+                shape[prob.dims[1]] = 40  # TMA needs 16-byte rows
+            cases = [CheckCase(shape, d, 11, r) for d, r in (("rand", False), ("randn", True), ("large", True))]
+            if precision == "tf32":
+                cases = cases[:2]  # see below: large inputs make TF32's error visible against a CPU floor
+            for mode in ("train", "eval") if prob.mode_sensitive else ("train",):
+                # The CPU has no TF32: plain PyTorch's tf32 result (the gate's floor for ill-conditioned
+                # cases) is float32-exact here, while the kernel's operands are rounded to TF32, an
+                # error that large inputs and gradients amplify (softmax of logits in the hundreds)
+                # past the tolerance. So tf32 is checked on well-conditioned inputs, forward only;
+                # the GPU, where the floor is TF32 too, gates all of it.
+                result = check_variant(variant, prob, cases, "cpu", autograd=precision != "tf32", mode=mode)
+                print(problem, precision, config, shape, mode, result.ok, f"{result.error:.3g}", flush=True)
+                if not result.ok:
+                    failures.append(f"{problem} {precision} {config} {shape} {mode}: {result.reason}")
+    return failures
+
+
+def backward_kernels() -> list[str]:
+    """Each Triton epilogue backward against its torch formula (float32, odd shapes)."""
+    from autofuse import triton_variant
+    from autofuse.variants.gemm_bn import gradients as gbn
+    from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
+    from autofuse.variants.matmul_gelu_softmax import gradients as g99
+
+    generator = torch.Generator().manual_seed(5)
+    y, grad = torch.randn(37, 53, generator=generator), torch.randn(37, 53, generator=generator)
+    out = torch.softmax(torch.randn(37, 53, generator=generator), dim=1)
+    z = torch.logsumexp(y * 2.0, dim=1, keepdim=True)
+    mean = y.mean(0)
+    runs = {
+        "gelu_softmax": lambda: g99.epilogue_backward(y, out, grad),
+        "clamp_lse": lambda: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5),
+        "bn_column_sums": lambda: torch.stack(gbn.column_sums(grad, y, mean)),
+        "bn_backward": lambda: gbn._bn_backward(grad, y, mean, mean * 2, mean * 0.5, mean * -3),
+    }
+    failures = []
+    for name, run in runs.items():
+        fused = run()
+        triton_variant.fused_kernels_apply, saved = (lambda *t: False), triton_variant.fused_kernels_apply
+        for module in (g99, g22, gbn):
+            module.fused_kernels_apply = triton_variant.fused_kernels_apply
+        want = run()
+        triton_variant.fused_kernels_apply = saved
+        for module in (g99, g22, gbn):
+            module.fused_kernels_apply = saved
+        error = ((fused - want).norm() / want.norm()).item()
+        print(name, f"relative error {error:.3g}", flush=True)
+        if not error < 1e-5:
+            failures.append(f"{name}: relative error {error:.3g} against the torch formula")
+    return failures
+
+
+@triton.jit
+def _tanh_gelu(v):
+    """GELU's tanh approximation: a different function from F.gelu's exact erf form."""
+    u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+    return 0.5 * v * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * u)) - 1.0))
+
+
+def mutant_fails() -> list[str]:
+    """The gate must reject a kernel with the tanh GELU: proof that these checks can fail."""
+    from autofuse.variants.matmul_gelu_softmax import triton_kernels
+
+    triton_kernels.gelu = _tanh_gelu  # the interpreter runs the kernel's Python, resolving names at call time
+    failures = gate("matmul_gelu_softmax", "persistent-pointers", "fp32")
+    return [] if failures else ["a tanh-GELU kernel passed the gate"]
+
+
+if __name__ == "__main__":
+    check, *args = sys.argv[1:]
+    problems = {"gate": gate, "backward_kernels": backward_kernels, "mutant_fails": mutant_fails}
+    found = problems[check](*args)
+    for line in found:
+        print("FAIL:", line)
+    sys.exit(1 if found else 0)

@@ -1,0 +1,177 @@
+"""The fused variants' backward rules (variants/<problem>/gradients.py), checked on the CPU.
+
+Each rule runs inside ``autofuse.autograd.FusedFunction`` behind the problem's forward written
+in torch (``torch_forward``): ``torch.autograd.gradcheck`` in float64 checks the rule against
+finite differences, and a comparison with the reference model's own autograd checks the cases
+finite differences cannot see (clamped logits, a recomputed intermediate, BatchNorm's bias).
+The CUDA and Triton forwards save the same tensors; the gate checks their gradients on the GPU.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autofuse.autograd import FusedFunction, FusedOp, backward_gemms, fused_call, needs_grad
+from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
+from autofuse.variants.gemm_bn import gradients as gbn
+from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
+from autofuse.variants.matmul_gelu_softmax import gradients as g99
+from helpers import assert_close
+
+F64 = torch.float64
+SHAPES = [(1, 5, 3), (7, 6, 5)]  # batch 1 and odd sizes
+BN_SHAPES = [(2, 5, 3), (7, 6, 5)]  # training-mode BN needs two rows
+
+
+def _leaf(*shape, scale=1.0, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, generator=generator, dtype=F64)).requires_grad_(True)
+
+
+def _gradcheck(op, *inputs):
+    assert torch.autograd.gradcheck(lambda *a: FusedFunction.apply(op, *a), inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gelu_softmax_rule_matches_finite_differences(shape):
+    batch, n_in, n_out = shape
+    op = g99.fused_op(g99.torch_forward(None, "fp32"), "fp32")
+    _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("scalars", [(4.0, -10.0, 10.0), (4.0, -0.5, 0.7)], ids=["wide", "clamping"])
+def test_clamp_lse_mish_rule_matches_finite_differences(shape, scalars):
+    batch, n_in, n_out = shape
+    op = g22.fused_op(g22.torch_forward("fp32", scalars), "fp32", scalars)
+    _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2))
+
+
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+def test_batchnorm_training_rule_matches_finite_differences(shape):
+    batch, n_in, n_out = shape
+    op = gbn.train_op(gbn.torch_train_forward("fp32", 1e-5), "fp32", 1e-5)
+    inputs = (_leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3),
+              _leaf(n_out, seed=4), _leaf(n_out, seed=5))
+    _gradcheck(op, *inputs)
+
+
+def test_batchnorm_training_rule_with_a_large_eps_where_the_scale_gradient_is_not_negligible():
+    op = gbn.train_op(gbn.torch_train_forward("fp32", 0.5), "fp32", 0.5)
+    inputs = (_leaf(6, 4), _leaf(3, 4, seed=1), _leaf(3, seed=2), _leaf(3, scale=0.3, seed=3), _leaf(3, seed=4),
+              _leaf(3, seed=5))
+    _gradcheck(op, *inputs)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_batchnorm_eval_rule_matches_finite_differences(shape):
+    batch, n_in, n_out = shape
+    op = gbn.eval_op(gbn.torch_eval_forward("fp32"), "fp32")
+    _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3))
+
+
+def test_gemm_avgpool_rule_matches_finite_differences_in_the_parameters():
+    # x's gradient skips the detached residual, which finite differences would see: checked below.
+    n_out = 5
+    x = _leaf(7, 6).detach()
+
+    def forward(x, weight, bias, subtract, save):
+        w_mean, offset = weight.mean(0), bias.mean() - subtract.mean()
+        return x + F.gelu(torch.addmv(offset, x, w_mean))[:, None], (x, w_mean, offset)
+
+    op = g51.fused_op(forward, "fp32", n_out)
+    assert torch.autograd.gradcheck(lambda *p: FusedFunction.apply(op, x, *p),
+                                    (_leaf(n_out, 6, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3)))
+
+
+def test_gemm_avgpool_rule_gives_the_references_input_gradient():
+    from autofuse.problems.gemm_avgpool_gelu_residual import Model
+
+    torch.manual_seed(0)
+    model = Model(6, 5).double()
+    x = _leaf(7, 6)
+    cotangent = torch.randn(7, 6, dtype=F64)
+    model(x).backward(cotangent)
+    want = x.grad.clone()
+    x.grad = None
+
+    def forward(x, weight, bias, subtract, save):
+        w_mean, offset = weight.mean(0), bias.mean() - subtract.mean()
+        return x + F.gelu(torch.addmv(offset, x, w_mean))[:, None], (x, w_mean, offset)
+
+    gemm = model.gemm
+    fused_call(g51.fused_op(forward, "fp32", 5), x, gemm.weight, gemm.bias, model.subtract).backward(cotangent)
+    assert_close(x.grad, want, atol=1e-12, rtol=1e-10, what="x.grad")
+
+
+def test_a_recomputed_intermediate_gives_the_same_gradients():
+    """Kernels that never store the logits save None; the backward recomputes them."""
+    x, w, b = _leaf(7, 6), _leaf(5, 6, seed=1), _leaf(5, seed=2)
+    grad = torch.randn(7, 5, dtype=F64)
+    saved_y = g99.torch_forward(None, "fp32")(x.detach(), w.detach(), b.detach(), save=True)[1]
+    recompute = saved_y[:3] + (None, None) + saved_y[5:]
+    needs = (True, True, True)
+    for got, want in zip(g99.backward(recompute, grad, needs, "fp32"), g99.backward(saved_y, grad, needs, "fp32")):
+        assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_clamp_lse_mish_rule_recomputes_z_and_matches_eager_where_values_clamp():
+    t, lo, hi = 8.0, -0.5, 0.5  # most logits land outside [lo, hi]: their gradient is zero
+    x, w, b = _leaf(6, 5), _leaf(4, 5, seed=1), _leaf(4, seed=2)
+    y = F.linear(x, w, b)
+    z = torch.logsumexp(((y * (t / 2)) + (y * (t / 2))).clamp(lo, hi), dim=1, keepdim=True)
+    cotangent = torch.randn(6, 1, dtype=F64)
+    want = torch.autograd.grad(z * F.mish(z), (x, w, b), cotangent)
+    saved = (x.detach(), w.detach(), b.detach(), y.detach(), None, None)  # z taken again from y
+    got = g22.backward(saved, cotangent, (True, True, True), "fp32", (t, lo, hi))
+    for g, e, name in zip(got, want, ("x", "weight", "bias")):
+        assert_close(g, e, atol=1e-12, rtol=1e-10, what=name)
+
+
+def test_batchnorm_bias_gradient_is_exactly_zero_in_training_mode():
+    op = gbn.train_op(gbn.torch_train_forward("fp32", 1e-5), "fp32", 1e-5)
+    bias = _leaf(3, seed=2)
+    out = FusedFunction.apply(op, _leaf(4, 5), _leaf(3, 5, seed=1), bias, _leaf(3, seed=3), None, None)
+    out.backward(torch.randn_like(out))
+    assert torch.equal(bias.grad, torch.zeros_like(bias))
+
+
+def test_no_autograd_node_and_nothing_saved_without_a_gradient():
+    calls = []
+
+    def forward(x, save):
+        calls.append(save)
+        return x * 2, (x,) if save else ()
+
+    op = FusedOp(forward, lambda saved, grad, needs: (grad * 2,), "fp32")
+    x = torch.ones(3, requires_grad=True)
+    with torch.no_grad():
+        assert fused_call(op, x).grad_fn is None
+    assert fused_call(op, x.detach()).grad_fn is None
+    assert fused_call(op, x).grad_fn is not None
+    assert calls == [False, False, True]
+    assert not needs_grad(None, x.detach()) and needs_grad(None, x)
+
+
+def test_the_backward_runs_at_the_forward_precision():
+    """loss.backward() runs outside the variant's math mode: the op re-enters it."""
+    seen = []
+    # Not monkeypatch: allow_tf32 is served by cuBLASModule.__getattr__, so pytest's undo deletes it.
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        op = FusedOp(lambda x, save: (x * 2, ()),
+                     lambda saved, grad, needs: (seen.append(torch.backends.cuda.matmul.allow_tf32) or grad * 2,), "tf32")
+        fused_call(op, torch.ones(2, requires_grad=True)).sum().backward()
+        assert seen == [True] and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_bf16_backward_gemms_round_their_operands_like_the_forward():
+    generator = torch.Generator().manual_seed(0)
+    dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
+    dx, dw = backward_gemms(dy, x, w.bfloat16(), "bf16", True, True)
+    assert dx.dtype == dw.dtype == torch.float32
+    assert_close(dx, dy.bfloat16().double() @ w.bfloat16().double(), atol=1e-5, rtol=1e-5)
+    assert_close(dw, dy.bfloat16().double().t() @ x.bfloat16().double(), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,42 @@
+"""The Triton kernels' logic on the CPU, through Triton's interpreter (TRITON_INTERPRET=1).
+
+Each check runs tests/interpreted/check_triton.py in its own process: the interpreter must be
+on before triton defines the kernels, and this session may have imported them without it.
+The GPU compiles the same kernels for real; these check masks, partial tiles, odd shapes,
+batch 1, both schedules and both operand paths against the float64 reference (gradients
+included), and that the checks can fail at all (a tanh-GELU mutant is rejected).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from autofuse.triton_variant import triton_missing
+
+SCRIPT = pathlib.Path(__file__).parent / "interpreted" / "check_triton.py"
+
+pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
+
+
+def _run(*args):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{args}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("config", ["persistent-pointers", "grid-tma"])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
+def test_triton_variant_passes_the_gate_interpreted(problem, config):
+    _run("gate", problem, config, "fp32,tf32,bf16")
+
+
+def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
+    _run("backward_kernels")
+
+
+def test_a_wrong_kernel_fails_the_interpreted_gate():
+    _run("mutant_fails")

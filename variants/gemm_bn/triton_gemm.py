@@ -1,0 +1,100 @@
+"""``gemm_bn``, Triton: a tensor-core GEMM with BatchNorm's eval affine or training statistics inside.
+
+Eval (running statistics): out = z·k + shift per column, k = s·γ/√(running_var + eps) and
+shift = (b·s − running_mean)·γ/√(running_var + eps) + β (``cuda_gemm.eval_coefficients``,
+cached until a parameter or running statistic changes), applied to the accumulator in registers
+(``gemm_affine``): the GEMM and nothing else.
+
+Training (batch statistics): with z = x·Wᵀ the bias cancels and out = (z − μ)·coef + β, coef =
+s·γ/√(s²σ² + eps) (see cuda_gemm.py). The GEMM's epilogue (``gemm_column_partials``) stores z and
+per column and row tile the tile's (mean, M2), a two-pass over the accumulator; ``bn_finish``
+merges a column's tiles with Chan's update (stable at any mean), updates the running statistics
+exactly as nn.BatchNorm1d does (num_batches_tracked here on the host, ``momentum_factor``) and
+``bn_normalize`` writes the output: z is written once, read once, and the output written once,
+where cuBLAS + epilogue reads z twice. With a gradient needed the output goes to a fresh buffer
+and z, μ and σ² stay for the backward (gradients.py). Needs batch ≥ 2.
+
+The main loop is the shared one (``autofuse.triton_gemm``). Kernels: triton_kernels.py.
+Preconditions: float32 tensors (made contiguous; running statistics contiguous, updated in place)
+on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
+"""
+
+import torch
+
+from autofuse.autograd import fused_call, needs_grad
+from autofuse.cuda_variant import operand
+from autofuse.hookspecs import hookimpl
+from autofuse.triton_variant import TritonVariant
+from autofuse.variant import FoldCache
+
+from . import gradients
+from .cuda_gemm import TrainOperands, eval_coefficients, eval_dependencies, momentum_factor, uses_batch_statistics
+
+FINISH_COLUMNS = 128  # columns per program of the statistics merge
+NORMALIZE_BLOCK = (32, 128)  # rows × columns per program of the normalising pass (512-byte rows)
+
+
+class TritonGemmBn(TritonVariant):
+    name = "triton"
+    problem = "gemm_bn"
+    description = ("tensor-core GEMM (TMA, persistent, grouped); eval: BN affine in the epilogue; "
+                   "train: z + column (mean, M2) partials in the epilogue, Chan merge, one normalising pass")
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._coefficients = FoldCache()
+        self._eval_op = gradients.eval_op(self._eval_fused, precision)
+
+    def forward(self, model, x):
+        gemm, bn = model.gemm, model.bn
+        if uses_batch_statistics(bn):
+            ops = TrainOperands.of(model, x.detach() if isinstance(x, torch.Tensor) else x)
+            op = gradients.train_op(lambda x, weight, *_, save: self._train(model, ops, x, weight, save),
+                                    self.precision, ops.eps)  # fmt: skip
+            return fused_call(op, x, gemm.weight, gemm.bias, model.scale, bn.weight, bn.bias)
+        if needs_grad(x, *model.parameters()):
+            return fused_call(self._eval_op, x, gemm.weight, *gradients.affine_coefficients(model))
+        k, shift = self._coefficients.get(eval_dependencies(model), lambda: eval_coefficients(model, x.device),
+                                          extra=(float(bn.eps),))  # fmt: skip
+        return self._eval_fused(x, gemm.weight, k, shift, save=False)[0]
+
+    def _eval_fused(self, x, weight, k, shift, save):
+        x, xs, weights, _ = self.operands(x, weight, None, "gemm")
+        w = self.backward_weight(weight, weights)
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
+        out = torch.empty(batch, n_out, device=x.device)
+        z = torch.empty_like(out) if save else out  # out: an unused pointer
+        self.module().gemm_affine[self.grid(x, n_out)](
+            **self.main_loop(xs, weights), k_ptr=k, shift_ptr=shift, out_ptr=out, z_ptr=z, M=batch, N=n_out, K=n_in,
+            SAVE_Z=save)
+        return out, ((x, w, z, k) if save else ())
+
+    def _train(self, model, ops, x, weight, save):
+        x, xs, weights, _ = self.operands(x, weight, None, "gemm")
+        w = self.backward_weight(weight, weights)
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        kernels, tile_m = self.module(), self.params["block_m"]
+        row_tiles = -(-batch // tile_m)
+        z = torch.empty(batch, n_out, device=x.device)
+        part_mean, part_m2 = torch.empty(2, row_tiles, n_out, device=x.device)
+        kernels.gemm_column_partials[self.grid(x, n_out)](
+            **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2,
+            M=batch, N=n_out, K=n_in)
+        mean, var, coef = torch.empty(3, n_out, device=x.device)
+        update = ops.running_mean is not None
+        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        kernels.bn_finish[(-(-n_out // FINISH_COLUMNS),)](
+            part_mean, part_m2, mean, var, coef, ops.bias, ops.scale, ops.gamma,
+            ops.running_mean if update else mean, ops.running_var if update else var, ops.eps, factor,
+            batch, n_out, tile_m, row_tiles, BLOCK_C=FINISH_COLUMNS, UPDATE=update)
+        out = torch.empty_like(z) if save else z
+        rows, cols = NORMALIZE_BLOCK
+        kernels.bn_normalize[(-(-batch // rows), -(-n_out // cols))](z, out, mean, coef, ops.beta, batch, n_out,
+                                                                      BLOCK_R=rows, BLOCK_C=cols)
+        return out, ((x, w, z, mean, var, ops.scale, ops.gamma) if save else ())
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [TritonGemmBn]

@@ -1,0 +1,144 @@
+"""Triton kernels of ``gemm_bn`` (imported by triton_gemm.py when it is built).
+
+Eval: ``gemm_affine`` applies out = z·k + shift per column to the accumulator in registers.
+Training: ``gemm_column_partials`` stores z and, per column and row tile, the tile's
+(mean, M2) from a two-pass over the accumulator (tile mean, then Σ(z − mean)²; rows past the
+batch excluded). ``bn_finish`` merges a column's tiles with Chan's parallel update (stable at
+any mean; never E[z²] − E[z]²), writes μ, σ² (biased) and coef = s·γ/√(s²σ² + eps), and updates
+the running statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
+``column_grad_sums`` and ``bn_backward`` are the training backward's two passes (gradients.py).
+"""
+
+import triton
+import triton.language as tl
+
+from autofuse.triton_gemm import tile_accumulator, tile_coords
+
+
+@triton.jit
+def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, k_ptr, shift_ptr, out_ptr,
+                z_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                INTERPRET: tl.constexpr, SAVE_Z: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                               MODE, TMA, EVEN_K, INTERPRET)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = rn < N
+        k = tl.load(k_ptr + rn, mask=col_ok, other=0.0)
+        shift = tl.load(shift_ptr + rn, mask=col_ok, other=0.0)
+        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+        mask = (rm < M)[:, None] & col_ok[None, :]
+        tl.store(out_ptr + offsets, acc * k[None, :] + shift[None, :], mask=mask)
+        if SAVE_Z:
+            tl.store(z_ptr + offsets, acc, mask=mask)
+
+
+@triton.jit
+def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, z_ptr,
+                         part_mean_ptr, part_m2_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
+                         EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                               MODE, TMA, EVEN_K, INTERPRET)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rm < M
+        col_ok = rn < N
+        rows = tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float32)
+        tile_mean = tl.sum(tl.where(row_ok[:, None], acc, 0.0), axis=0) / rows
+        centred = tl.where(row_ok[:, None], acc - tile_mean[None, :], 0.0)
+        tl.store(part_mean_ptr + pid_m * N + rn, tile_mean, mask=col_ok)
+        tl.store(part_m2_ptr + pid_m * N + rn, tl.sum(centred * centred, axis=0), mask=col_ok)
+        tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr, scale_ptr, gamma_ptr,
+              running_mean_ptr, running_var_ptr, eps, factor, M, N, TILE_M, NUM_M,
+              BLOCK_C: tl.constexpr, UPDATE: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cols < N
+    count = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for i in range(0, NUM_M):
+        rows = tl.minimum(M - i * TILE_M, TILE_M).to(tl.float32)
+        tile_mean = tl.load(part_mean_ptr + i * N + cols, mask=ok, other=0.0)
+        tile_m2 = tl.load(part_m2_ptr + i * N + cols, mask=ok, other=0.0)
+        total = count + rows
+        delta = tile_mean - mean
+        mean += delta * (rows / total)
+        m2 += tile_m2 + delta * delta * (count * rows / total)
+        count = total
+    var = m2 / M
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0)
+    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0)
+    tl.store(mean_ptr + cols, mean, mask=ok)
+    tl.store(var_ptr + cols, var, mask=ok)
+    tl.store(coef_ptr + cols, scale * gamma / tl.sqrt(scale * scale * var + eps), mask=ok)
+    if UPDATE:  # y = (z + b)·s: mean s·(μ + b), unbiased variance s²·σ²·n/(n − 1)
+        bias = tl.load(bias_ptr + cols, mask=ok, other=0.0)
+        running_mean = tl.load(running_mean_ptr + cols, mask=ok, other=0.0)
+        running_var = tl.load(running_var_ptr + cols, mask=ok, other=0.0)
+        unbiased = scale * scale * m2 / (M - 1)
+        tl.store(running_mean_ptr + cols, running_mean + factor * (scale * (mean + bias) - running_mean), mask=ok)
+        tl.store(running_var_ptr + cols, running_var + factor * (unbiased - running_var), mask=ok)
+
+
+@triton.jit
+def bn_normalize(z_ptr, out_ptr, mean_ptr, coef_ptr, beta_ptr, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
+    coef = tl.load(coef_ptr + cols, mask=col_ok, other=0.0)
+    beta = tl.load(beta_ptr + cols, mask=col_ok, other=0.0)
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, (z - mean[None, :]) * coef[None, :] + beta[None, :], mask=mask)
+
+
+@triton.jit
+def column_grad_sums(grad_ptr, z_ptr, mean_ptr, part_g_ptr, part_gc_ptr, M, N,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per chunk of BLOCK_R rows: Σ g and Σ g·(z − μ) for BLOCK_C columns (the caller adds the
+    chunks: deterministic, where atomics would add in any order)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    centred = tl.load(z_ptr + offsets, mask=mask, other=0.0) - tl.load(mean_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    tl.store(part_g_ptr + tl.program_id(0) * N + cols, tl.sum(grad, axis=0), mask=col_ok)
+    tl.store(part_gc_ptr + tl.program_id(0) * N + cols, tl.sum(tl.where(mask, grad * centred, 0.0), axis=0), mask=col_ok)
+
+
+@triton.jit
+def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dz_ptr, M, N,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dz = a·g + b + c·(z − μ) per column (a = sγr, b = −sγr·S/n, c = −sγr·s²r²·C/n)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    a = tl.load(a_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0)
+    tl.store(dz_ptr + offsets, a * grad + b + c * (z - mean), mask=mask)

@@ -1,0 +1,77 @@
+"""Gradients of ``matmul_clamp_lse_mish`` for its fused variants (see ``autofuse.autograd``).
+
+y = x·Wᵀ + b, v = t·y (t = 2s), c = clamp(v, lo, hi), z = logsumexp(c) per row, out = z·mish(z).
+With g = ∂L/∂out (one value per row):
+    h(z) = z·mish(z) = z²·tanh(sp(z)),  h'(z) = 2z·tanh(sp) + z²·(1 − tanh²(sp))·σ(z)
+    ∂L/∂y = g·h'(z) · exp(c − z) · [lo ≤ v ≤ hi] · t      (softmax of the clamped row; clamp
+                                                           passes the gradient where torch.clamp does)
+    dx = dy·W,  dW = dyᵀ·x,  db = Σ_rows dy.
+Saved: x, the forward's GEMM weight operand, b, y (None where the forward never stored the
+logits: recomputed with one GEMM; the Triton kernel stores them only when a gradient is
+needed), the bias still to add to y, and z (None: one more read of y in the backward, for
+kernels that output z·mish(z) only). Eager autograd keeps the logits, their scaled and
+clamped copies and the logsumexp; this keeps the logits and z.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
+from autofuse.precision import linear
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+
+
+def output_grad(z: torch.Tensor) -> torch.Tensor:
+    """h'(z) for h(z) = z·mish(z)."""
+    th = torch.tanh(F.softplus(z))
+    return 2.0 * z * th + z * z * (1.0 - th * th) * torch.sigmoid(z)
+
+
+def epilogue_backward(y, z, grad, t: float, lo: float, hi: float) -> torch.Tensor:
+    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1): one pass of a
+    Triton row kernel where it can run, else torch."""
+    acc = torch.promote_types(z.dtype, torch.float32)
+    gz = grad.to(acc) * output_grad(z.to(acc))
+    if fused_kernels_apply(y, z, gz):
+        kernels = problem_kernels("matmul_clamp_lse_mish")
+        dy = torch.empty_like(y)
+        kernels.clamp_lse_backward[(y.shape[0],)](y, z, gz, dy, t, lo, hi, y.shape[1],
+                                                  BLOCK_N=kernels.row_block(y.shape[1]))
+        return dy
+    v = y.to(acc) * t
+    inside = (v >= lo) & (v <= hi)
+    return torch.where(inside, torch.exp(v.clamp(lo, hi) - z) * (gz * t), torch.zeros((), dtype=acc, device=y.device))
+
+
+def backward(saved, grad, needs, precision, scalars):
+    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``scalars`` = (t, lo, hi)."""
+    x, weight, bias, y, y_bias, z = saved
+    if y is None:
+        y = linear(x, weight, bias, precision)
+    elif y_bias is not None:
+        y = y.float() + y_bias
+    if z is None:
+        t, lo, hi = scalars
+        z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)
+    dy = epilogue_backward(y, z, grad, *scalars)
+    dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
+    return dx, dw, (reduce_rows(dy) if needs[2] else None)
+
+
+def fused_op(forward, precision: str, scalars: tuple[float, float, float]) -> FusedOp:
+    """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
+    (out, (x, weight operand, bias, y or None, bias still to add to y or None, z))."""
+    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, scalars), precision)
+
+
+def torch_forward(precision, scalars):
+    """The fused forward written in torch (saving y), for tests of the backward on any device."""
+    t, lo, hi = scalars
+
+    def forward(x, weight, bias, save):
+        y = linear(x, weight, bias, precision)
+        z = torch.logsumexp((y * t).clamp(lo, hi), dim=1, keepdim=True)
+        return z * F.mish(z), (x, weight, bias, y, None, z)
+    return forward

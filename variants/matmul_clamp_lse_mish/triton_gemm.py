@@ -1,0 +1,59 @@
+"""``matmul_clamp_lse_mish``, Triton: a tensor-core GEMM whose epilogue reduces each row to a pair.
+
+y = clamp(t·(x·Wᵀ + b), lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is exact), then
+z = logsumexp(y) per row and z·mish(z). The GEMM's epilogue (``gemm_clamp_lse_partials``) takes
+the float32 accumulator in registers, adds the bias, scales, clamps and leaves per row and column
+tile the pair (max, Σ exp(v − max)); ``lse_mish_finish`` merges a row's pairs with the max
+subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch × hidden) logits
+never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. With a gradient
+needed the kernel stores the logits (the backward needs them) and the finish keeps z
+(gradients.py). The main loop is the shared one (``autofuse.triton_gemm``). Kernels:
+triton_kernels.py. Preconditions: float32 tensors (made contiguous) on CUDA, or on the CPU
+under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every call.
+"""
+
+import torch
+
+from autofuse.autograd import fused_call
+from autofuse.hookspecs import hookimpl
+from autofuse.triton_variant import TritonVariant
+
+from . import gradients
+from .cuda_gemm import clamp_lse_scalars
+
+FINISH_ROWS = 16  # rows per program of the merge: (16 × tiles) pairs, a few KB
+
+
+class TritonClampLseMish(TritonVariant):
+    name = "triton"
+    problem = "matmul_clamp_lse_mish"
+    description = ("tensor-core GEMM (TMA, persistent, grouped) with bias + scale + clamp + row LSE partials "
+                   "inside; logits never stored")
+    in_dim = "input_size"
+
+    def forward(self, model, x):
+        scalars = clamp_lse_scalars(model)
+        op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
+        return fused_call(op, x, model.matmul.weight, model.matmul.bias)
+
+    def _fused(self, x, weight, bias, scalars, save):
+        x, xs, weights, b = self.operands(x, weight, bias, "matmul")
+        w = self.backward_weight(weight, weights)
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        kernels = self.module()
+        parts = -(-n_out // self.params["block_n"])
+        y = torch.empty(batch, n_out, device=x.device) if save else b  # b: an unused pointer
+        part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
+        t, lo, hi = scalars
+        kernels.gemm_clamp_lse_partials[self.grid(x, n_out)](
+            **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, part_max_ptr=part_max, part_sum_ptr=part_sum,
+            t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save)
+        z, out = torch.empty(2, batch, 1, device=x.device)
+        kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, parts,
+                                                              BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(parts))
+        return out, ((x, w, b, y, None, z) if save else ())
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [TritonClampLseMish]

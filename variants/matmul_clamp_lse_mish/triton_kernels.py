@@ -1,0 +1,93 @@
+"""Triton kernels of ``matmul_clamp_lse_mish`` (imported by triton_gemm.py when it is built).
+
+``gemm_clamp_lse_partials``: the shared main loop, then from the accumulator: + bias, × t,
+clamp, and per row of the tile the pair (max, Σ exp(v − max)); the logits never reach memory
+(unless a gradient needs them: SAVE_Y). ``lse_mish_finish``: per row, the pairs merged with the
+max subtracted (no overflow at any clamp bound), z = max + log Σ, out = z·mish(z); z is kept
+for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t.
+"""
+
+import triton
+import triton.language as tl
+
+from autofuse.triton_gemm import tile_accumulator, tile_coords
+
+
+@triton.jit
+def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, bias_ptr, y_ptr,
+                            part_max_ptr, part_sum_ptr, t, lo, hi, M, N, K, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr,
+                            TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                               MODE, TMA, EVEN_K, INTERPRET)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rm < M
+        col_ok = rn < N
+        y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+        v = tl.minimum(tl.maximum(y * t, lo), hi)
+        live = tl.where(col_ok[None, :], v, float("-inf"))
+        tile_max = tl.max(live, axis=1)
+        tile_sum = tl.sum(tl.exp(live - tile_max[:, None]), axis=1)
+        tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
+        tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
+        if SAVE_Y:
+            tl.store(y_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def softplus(z):
+    """log(1 + exp(z)) as F.softplus computes it (threshold 20: z itself above)."""
+    return tl.where(z > 20.0, z, tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z))))
+
+
+@triton.jit
+def tanh_nonnegative(u):
+    """tanh(u) for u ≥ 0 (softplus is): (1 − e)/(1 + e) with e = exp(−2u) ≤ 1, which cannot overflow."""
+    e = tl.exp(-2.0 * u)
+    return (1.0 - e) / (1.0 + e)
+
+
+@triton.jit
+def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
+                    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    p = tl.arange(0, BLOCK_P)
+    mask = (rows[:, None] < M) & (p[None, :] < PARTS)
+    offsets = rows[:, None] * PARTS + p[None, :]
+    part_max = tl.load(part_max_ptr + offsets, mask=mask, other=float("-inf"))
+    part_sum = tl.load(part_sum_ptr + offsets, mask=mask, other=0.0)
+    row_max = tl.max(part_max, axis=1)
+    row_max = tl.where(rows < M, row_max, 0.0)  # rows past M: keep the arithmetic finite
+    total = tl.sum(part_sum * tl.exp(part_max - row_max[:, None]), axis=1)
+    z = row_max + tl.log(tl.where(rows < M, total, 1.0))
+    out = z * z * tanh_nonnegative(softplus(z))
+    tl.store(z_ptr + rows, z, mask=rows < M)
+    tl.store(out_ptr + rows, out, mask=rows < M)
+
+
+@triton.jit
+def clamp_lse_backward(y_ptr, z_ptr, gz_ptr, dy_ptr, t, lo, hi, N, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    z = tl.load(z_ptr + row)
+    scale = tl.load(gz_ptr + row) * t
+    base = row.to(tl.int64) * N
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        v = tl.load(y_ptr + base + cols, mask=cols < N, other=0.0) * t
+        inside = (v >= lo) & (v <= hi)
+        dy = tl.where(inside, tl.exp(tl.minimum(tl.maximum(v, lo), hi) - z) * scale, 0.0)
+        tl.store(dy_ptr + base + cols, dy, mask=cols < N)
+
+
+def row_block(n: int) -> int:
+    return min(2048, triton.next_power_of_2(max(n, 16)))
+
+
+def parts_block(parts: int) -> int:
+    return triton.next_power_of_2(max(parts, 2))

@@ -1,0 +1,73 @@
+"""Gradients of ``matmul_gelu_softmax`` for its fused variants (see ``autofuse.autograd``).
+
+out = softmax(a), a = gelu(y), y = x·Wᵀ + b. With g = ∂L/∂out:
+    ∂L/∂a = out ⊙ (g − Σ_j g_j·out_j)                     (softmax, per row)
+    ∂L/∂y = ∂L/∂a ⊙ gelu'(y),   gelu'(y) = Φ(y) + y·φ(y)   (the exact erf GELU)
+    dx = dy·W,  dW = dyᵀ·x,  db = Σ_rows dy.
+Saved: x, the forward's GEMM weight operand, b, y (None where the forward never stored it:
+recomputed with one GEMM), the bias still to add to y (under bf16 cuBLAS's y leaves it to the
+epilogue) and out. Eager autograd keeps y, gelu(y) and out; this keeps y and
+out. The elementwise part is one pass over the row (``epilogue_backward``); the GEMMs go
+through cuBLAS at the forward's precision.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
+from autofuse.precision import linear
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def gelu_grad(y: torch.Tensor) -> torch.Tensor:
+    """d gelu(y)/dy for the exact erf GELU: Φ(y) + y·φ(y)."""
+    return 0.5 * (1.0 + torch.erf(y * INV_SQRT2)) + y * torch.exp(-0.5 * y * y) * INV_SQRT_2PI
+
+
+def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays):
+    one pass of a Triton row kernel where it can run, else torch."""
+    if fused_kernels_apply(y, out, grad):
+        kernels = problem_kernels("matmul_gelu_softmax")
+        dy = torch.empty_like(out)
+        kernels.gelu_softmax_backward[(out.shape[0],)](y, out, grad, dy, out.shape[1],
+                                                       BLOCK_N=kernels.row_block(out.shape[1]))
+        return dy
+    acc = torch.promote_types(out.dtype, torch.float32)
+    out, grad = out.to(acc), grad.to(acc)
+    dot = (grad * out).sum(dim=1, keepdim=True)
+    return out * (grad - dot) * gelu_grad(y.to(acc))
+
+
+def backward(saved, grad, needs, precision):
+    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias)."""
+    x, weight, bias, y, y_bias, out = saved
+    if y is None:
+        y = linear(x, weight, bias, precision)
+    elif y_bias is not None:
+        y = y.float() + y_bias
+    dy = epilogue_backward(y, out, grad)
+    dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
+    db = reduce_rows(dy) if needs[2] else None
+    return dx, dw, db
+
+
+def fused_op(forward, precision: str) -> FusedOp:
+    """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
+    (out, (x, weight operand, bias, y or None, bias still to add to y or None, out))."""
+    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision), precision)
+
+
+def torch_forward(weight_operand, precision):
+    """The fused forward written in torch (saving y), for tests of the backward on any device."""
+    def forward(x, weight, bias, save):
+        y = linear(x, weight_operand if weight_operand is not None else weight, bias, precision)
+        out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
+        return out, (x, weight if weight_operand is None else weight_operand, bias, y, None, out)
+    return forward

@@ -1,0 +1,56 @@
+"""``matmul_gelu_softmax``, Triton: a tensor-core GEMM with GELU and the softmax partials inside.
+
+softmax(gelu(x·Wᵀ + b)) needs every logit of a row before any output is final. The GEMM's
+epilogue (kernel ``gemm_gelu_partials``) takes the float32 accumulator while it is in registers,
+adds the bias, applies the exact erf GELU, stores the logit once and leaves per row and column
+tile the online-softmax pair (max, Σ exp(v − max)); ``softmax_normalize`` merges a row's pairs
+with the max subtracted (no overflow at any magnitude) and rescales the row in place: the
+logits are written once, read once and written once more. The main loop is the shared one
+(``autofuse.triton_gemm``): fp32 is 3xTF32, tf32 TF32, bf16 the cached bfloat16 weight with x
+converted in registers after loading. With a gradient needed the pre-GELU logits y are stored
+too (the backward needs them; gradients.py). Kernels: triton_kernels.py. Preconditions: float32
+tensors (made contiguous) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
+"""
+
+import torch
+
+from autofuse.autograd import fused_call
+from autofuse.hookspecs import hookimpl
+from autofuse.triton_variant import TritonVariant
+
+from . import gradients
+
+
+class TritonGeluSoftmax(TritonVariant):
+    name = "triton"
+    problem = "matmul_gelu_softmax"
+    description = ("tensor-core GEMM (TMA, persistent, grouped) with bias + GELU + softmax partials inside; "
+                   "one normalising pass")
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._op = gradients.fused_op(self._fused, precision)
+
+    def forward(self, model, x):
+        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
+
+    def _fused(self, x, weight, bias, save):
+        x, xs, weights, b = self.operands(x, weight, bias, "linear")
+        w = self.backward_weight(weight, weights)
+        (batch, n_in), n_out = x.shape, w.shape[0]
+        kernels = self.module()
+        parts = -(-n_out // self.params["block_n"])
+        logits = torch.empty(batch, n_out, device=x.device)
+        y = torch.empty(batch, n_out, device=x.device) if save else logits
+        part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
+        kernels.gemm_gelu_partials[self.grid(x, n_out)](
+            **self.main_loop(xs, weights), bias_ptr=b, logits_ptr=logits, y_ptr=y, part_max_ptr=part_max,
+            part_sum_ptr=part_sum, M=batch, N=n_out, K=n_in, SAVE_Y=save)
+        kernels.softmax_normalize[(batch,)](logits, part_max, part_sum, n_out, parts,
+                                            BLOCK_N=kernels.row_block(n_out), BLOCK_P=kernels.parts_block(parts))
+        return logits, ((x, w, b, y, None, logits) if save else ())
+
+
+@hookimpl
+def autofuse_register_variants():
+    return [TritonGeluSoftmax]

@@ -1,0 +1,86 @@
+"""Triton kernels of ``matmul_gelu_softmax`` (imported by triton_gemm.py when it is built).
+
+``gemm_gelu_partials``: the shared main loop, then from the accumulator: + bias, exact GELU,
+the logits stored once, and per row of the tile the online-softmax partial (max, Σ exp(v − max))
+over the tile's columns. ``softmax_normalize``: per row, the partials merged with the max
+subtracted (no overflow at any magnitude), then out = exp(v − max) / Σ over the row, in place.
+``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), one program per row.
+"""
+
+import triton
+import triton.language as tl
+
+from autofuse.triton_gemm import gelu, gelu_grad, tile_accumulator, tile_coords
+
+
+@triton.jit
+def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, bias_ptr, logits_ptr,
+                       y_ptr, part_max_ptr, part_sum_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
+                       EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
+                               MODE, TMA, EVEN_K, INTERPRET)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rm < M
+        col_ok = rn < N
+        y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+        v = gelu(y)
+        live = tl.where(col_ok[None, :], v, float("-inf"))
+        tile_max = tl.max(live, axis=1)
+        tile_sum = tl.sum(tl.exp(live - tile_max[:, None]), axis=1)
+        tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
+        tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
+        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        tl.store(logits_ptr + offsets, v, mask=mask)
+        if SAVE_Y:
+            tl.store(y_ptr + offsets, y, mask=mask)
+
+
+@triton.jit
+def softmax_normalize(logits_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
+                      BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    row = tl.program_id(0)
+    p = tl.arange(0, BLOCK_P)
+    part_max = tl.load(part_max_ptr + row * PARTS + p, mask=p < PARTS, other=float("-inf"))
+    part_sum = tl.load(part_sum_ptr + row * PARTS + p, mask=p < PARTS, other=0.0)
+    row_max = tl.max(part_max, axis=0)
+    inv_total = 1.0 / tl.sum(part_sum * tl.exp(part_max - row_max), axis=0)
+    base = logits_ptr + row.to(tl.int64) * N
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        v = tl.load(base + cols, mask=cols < N, other=0.0)
+        tl.store(base + cols, tl.exp(v - row_max) * inv_total, mask=cols < N)
+
+
+@triton.jit
+def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, dy_ptr, N, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * N
+    dot = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
+        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
+        dot += grad * out
+    total = tl.sum(dot, axis=0)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        y = tl.load(y_ptr + row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
+        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
+        tl.store(dy_ptr + row + cols, out * (grad - total) * gelu_grad(y), mask=cols < N)
+
+
+def row_block(n: int) -> int:
+    """Columns a row kernel handles per step: the row whole up to 2048, else 2048 at a time."""
+    return min(2048, triton.next_power_of_2(max(n, 16)))
+
+
+def parts_block(parts: int) -> int:
+    return triton.next_power_of_2(max(parts, 2))

@@ -1,0 +1,60 @@
+"""The triton kind's search space and operand preparation, without running a kernel."""
+
+import pytest
+import torch
+
+from autofuse import registry, triton_variant as tv
+
+
+def test_each_precision_searches_its_own_operand_paths_its_default_first():
+    configs = tv.gemm_configs(8192)
+    for precision, default in tv.DEFAULTS.items():
+        mine = tv.precision_configs(configs, precision)
+        assert mine[0] == default
+        assert {tv.OPERANDS[c["operands"]][0] for c in mine} == {precision}
+
+
+def test_no_configuration_overflows_shared_memory_or_registers():
+    for c in tv.gemm_configs(8192):
+        _, _, x_bytes, w_bytes = tv.OPERANDS[c["operands"]]
+        assert c["stages"] * (c["block_m"] * x_bytes + c["block_n"] * w_bytes) * c["block_k"] <= tv.STAGE_BYTES
+        accumulators = 2 if c["operands"] == "split_host" else 1
+        assert accumulators * c["block_m"] * c["block_n"] <= tv.MAX_ACC_PER_THREAD * 32 * c["warps"]
+
+
+def test_tma_only_where_rows_are_16_byte_aligned():
+    assert not any(c["tma"] for c in tv.gemm_configs(1000 + 4))  # K % 8 != 0: bfloat16 rows misaligned
+    assert any(c["tma"] for c in tv.gemm_configs(1000))
+
+
+def test_the_interpreter_space_has_small_tiles():
+    assert {(c["block_m"], c["block_n"]) for c in tv.gemm_configs(40, "cpu")} <= {(16, 16), (32, 16)}
+
+
+def test_tf32_rounding_is_to_nearest_ties_away_and_keeps_inf_and_nan():
+    one_ulp = 2.0 ** -10  # TF32 keeps 10 mantissa bits
+    values = torch.tensor([1.0 + one_ulp * 0.49, 1.0 + one_ulp * 0.5, -(1.0 + one_ulp * 0.51), float("inf"), float("nan")])
+    got = tv.round_tf32(values)
+    assert got[:3].tolist() == [1.0, 1.0 + one_ulp, -(1.0 + one_ulp)]
+    assert got[3] == float("inf") and got[4].isnan()
+    assert (got[:3].view(torch.int32) & 0x1FFF == 0).all()
+
+
+def test_the_3xtf32_split_represents_the_weight_to_float32_accuracy():
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)) * 10
+    hi, lo = tv.weight_operands(w, "split_host")
+    assert ((hi.view(torch.int32) & 0x1FFF) == 0).all() and ((lo.view(torch.int32) & 0x1FFF) == 0).all()
+    assert ((hi.double() + lo.double() - w.double()).abs() <= w.double().abs() * 2.0 ** -21).all()
+
+
+def test_a_configuration_of_another_precision_is_refused_by_name():
+    cls = registry.get_variant("matmul_gelu_softmax", "triton")
+    variant = cls("tf32", **tv.DEFAULTS["bf16"])
+    with pytest.raises(Exception, match="cast_pass.*serve precision 'bf16', not 'tf32'"):
+        variant.mode()
+
+
+def test_on_the_cpu_the_variant_says_it_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reason = registry.get_variant("gemm_bn", "triton").unavailable_reason("cpu")
+    assert ("triton cannot be imported" if tv.triton_missing() else "TRITON_INTERPRET=1") in reason

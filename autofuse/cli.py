@@ -120,8 +120,10 @@ def _list(args) -> None:
         print(f"{problem['name']}{aliases}: {problem['description']}")
         print(f"  default shapes: {'; '.join(problem['default_shapes'])}   [plugin {problem['plugin']}]")
         rows = [[v["name"], v["kind"], ",".join(v["devices"]), ",".join(v["precisions"]), "yes" if v["autograd"] else "no",
-                 v["plugin"], v["description"]] for v in list_variants(problem["name"])]
-        print(tabulate(rows, headers=["variant", "kind", "devices", "precisions", "autograd", "plugin", "description"]))
+                 "yes" if v["unavailable"] is None else f"no: {v['unavailable']}", v["plugin"], v["description"]]
+                for v in list_variants(problem["name"])]  # fmt: skip
+        print(tabulate(rows, headers=["variant", "kind", "devices", "precisions", "autograd", "runs here", "plugin",
+                                      "description"]))
         print()
 
 

@@ -20,8 +20,13 @@ def list_problems() -> list[dict]:
     ]
 
 
-def list_variants(problem: str) -> list[dict]:
-    """Every variant of ``problem``, simplest first: name, kind, devices, precisions, autograd, plugin."""
+def list_variants(problem: str, device: str | None = None) -> list[dict]:
+    """Every variant of ``problem``, simplest first: name, kind, devices, precisions, autograd, plugin,
+    and why it cannot run on ``device`` here (default: cuda if present, else cpu), or None."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     variants = sorted(registry.variants(problem).values(), key=lambda v: (v.rank(), v.name))
     return [
         {
@@ -32,6 +37,7 @@ def list_variants(problem: str) -> list[dict]:
             "precisions": list(v.precisions),
             "autograd": v.supports_autograd,
             "plugin": registry.owner(problem, v.name),
+            "unavailable": v.unavailable_reason(device),
         }
         for v in variants
     ]

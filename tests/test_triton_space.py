@@ -58,3 +58,13 @@ def test_on_the_cpu_the_variant_says_it_needs_cuda_or_the_interpreter(monkeypatc
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     reason = registry.get_variant("gemm_bn", "triton").unavailable_reason("cpu")
     assert ("triton cannot be imported" if tv.triton_missing() else "TRITON_INTERPRET=1") in reason
+
+
+def test_the_listing_says_why_a_variant_cannot_run_here(monkeypatch):
+    import autofuse
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    listed = {v["name"]: v for v in autofuse.list_variants("gemm_bn", "cpu")}
+    assert listed["eager"]["unavailable"] is None
+    assert "cuda" in listed["cublas_epilogue"]["unavailable"]
+    assert ("triton cannot be imported" if tv.triton_missing() else "TRITON_INTERPRET=1") in listed["triton"]["unavailable"]

@@ -59,9 +59,11 @@ def split_dot(a, a_lo, b, b_lo, acc):
 
 
 @triton.jit
-def operand_dot(a, b, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a·b (a: BM×BK, b: BK×BN) in MODE (3xtf32: see split_dot)."""
-    if MODE == "bf16":
+def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 only."""
+    if MODE == "3xtf32":
+        return split_dot(a, a_lo, b, b_lo, acc)
+    elif MODE == "bf16":
         if INTERPRET:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         return tl.dot(a, b, acc)
@@ -71,6 +73,14 @@ def operand_dot(a, b, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="tf32x3")
     else:
         return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def load_k_slice(ptr, offsets, k_ok, EVEN_K: tl.constexpr):
+    """A tile of a K-major operand; the K tail masked only where K % BLOCK_K != 0."""
+    if EVEN_K:
+        return tl.load(ptr + offsets)
+    return tl.load(ptr + offsets, mask=k_ok, other=0.0)
 
 
 @triton.jit
@@ -92,12 +102,12 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         for kt in range(0, k_tiles):
             a = x_desc.load([off_m, kt * BLOCK_K])
             b = w_desc.load([off_n, kt * BLOCK_K]).T
+            a_lo = a
+            b_lo = b
             if MODE == "3xtf32":
                 a_lo = x_lo_desc.load([off_m, kt * BLOCK_K])
                 b_lo = w_lo_desc.load([off_n, kt * BLOCK_K]).T
-                acc = split_dot(a, a_lo, b, b_lo, acc)
-            else:
-                acc = operand_dot(a, b, acc, MODE, INTERPRET)
+            acc = operand_dot(a, a_lo, b, b_lo, acc, MODE, INTERPRET)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -108,22 +118,14 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         b_offsets = rn[:, None].to(tl.int64) * K + rk[None, :]
         for kt in range(0, k_tiles):
             k_ok = rk[None, :] < K - kt * BLOCK_K
-            if EVEN_K:
-                a = tl.load(x_ptr + a_offsets)
-                b = tl.load(w_ptr + b_offsets).T
-            else:
-                a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
-                b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
+            a = load_k_slice(x_ptr, a_offsets, k_ok, EVEN_K)
+            b = load_k_slice(w_ptr, b_offsets, k_ok, EVEN_K).T
+            a_lo = a
+            b_lo = b
             if MODE == "3xtf32":
-                if EVEN_K:
-                    a_lo = tl.load(x_lo_ptr + a_offsets)
-                    b_lo = tl.load(w_lo_ptr + b_offsets).T
-                else:
-                    a_lo = tl.load(x_lo_ptr + a_offsets, mask=k_ok, other=0.0)
-                    b_lo = tl.load(w_lo_ptr + b_offsets, mask=k_ok, other=0.0).T
-                acc = split_dot(a, a_lo, b, b_lo, acc)
-            else:
-                acc = operand_dot(a, b, acc, MODE, INTERPRET)
+                a_lo = load_k_slice(x_lo_ptr, a_offsets, k_ok, EVEN_K)
+                b_lo = load_k_slice(w_lo_ptr, b_offsets, k_ok, EVEN_K).T
+            acc = operand_dot(a, a_lo, b, b_lo, acc, MODE, INTERPRET)
             a_offsets += BLOCK_K
             b_offsets += BLOCK_K
     return acc
@@ -154,3 +156,13 @@ def gelu(v):
 def gelu_grad(v):
     """d gelu(v)/dv = Φ(v) + v·φ(v)."""
     return 0.5 * (1.0 + tl.erf(v * 0.7071067811865476)) + v * tl.exp(-0.5 * v * v) * 0.3989422804014327
+
+
+def row_block(n: int) -> int:
+    """Columns a row kernel handles per step: the row whole up to 2048, else 2048 at a time."""
+    return min(2048, triton.next_power_of_2(max(n, 16)))
+
+
+def parts_block(parts: int) -> int:
+    """A power of two holding a row's per-tile partial results, for the kernels that merge them."""
+    return triton.next_power_of_2(max(parts, 2))

@@ -10,7 +10,8 @@ for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) 
 import triton
 import triton.language as tl
 
-from autofuse.triton_gemm import tile_accumulator, tile_coords
+# row_block and parts_block are imported for the variant, which sizes its launches through this module.
+from autofuse.triton_gemm import parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit
@@ -83,11 +84,3 @@ def clamp_lse_backward(y_ptr, z_ptr, gz_ptr, dy_ptr, t, lo, hi, N, BLOCK_N: tl.c
         inside = (v >= lo) & (v <= hi)
         dy = tl.where(inside, tl.exp(tl.minimum(tl.maximum(v, lo), hi) - z) * scale, 0.0)
         tl.store(dy_ptr + base + cols, dy, mask=cols < N)
-
-
-def row_block(n: int) -> int:
-    return min(2048, triton.next_power_of_2(max(n, 16)))
-
-
-def parts_block(parts: int) -> int:
-    return triton.next_power_of_2(max(parts, 2))

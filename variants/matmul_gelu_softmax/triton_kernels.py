@@ -10,7 +10,8 @@ subtracted (no overflow at any magnitude), then out = exp(v − max) / Σ over t
 import triton
 import triton.language as tl
 
-from autofuse.triton_gemm import gelu, gelu_grad, tile_accumulator, tile_coords
+# row_block and parts_block are imported for the variant, which sizes its launches through this module.
+from autofuse.triton_gemm import gelu, gelu_grad, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit
@@ -75,12 +76,3 @@ def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, dy_ptr, N, BLOCK_N: tl.const
         out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
         grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
         tl.store(dy_ptr + row + cols, out * (grad - total) * gelu_grad(y), mask=cols < N)
-
-
-def row_block(n: int) -> int:
-    """Columns a row kernel handles per step: the row whole up to 2048, else 2048 at a time."""
-    return min(2048, triton.next_power_of_2(max(n, 16)))
-
-
-def parts_block(parts: int) -> int:
-    return triton.next_power_of_2(max(parts, 2))

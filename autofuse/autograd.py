@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from autofuse.precision import math_mode
+from autofuse.precision import linear, math_mode
 
 Saved = Sequence[torch.Tensor | None]
 
@@ -102,6 +102,14 @@ def _bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         except (TypeError, RuntimeError):  # a torch without out_dtype: one bf16 rounding more
             return torch.mm(a, b).float()
     return a.float() @ b.float()  # the CPU: rounded operands, float32 sums
+
+
+def saved_logits(x, weight, bias, y, y_bias, precision: str) -> torch.Tensor:
+    """The forward's logits x·Wᵀ + b from what it saved: y itself, y plus the bias it left to its
+    epilogue (bf16 cuBLAS), or (y None: the kernel never stored them) one GEMM again."""
+    if y is None:
+        return linear(x, weight, bias, precision)
+    return y.float() + y_bias if y_bias is not None else y
 
 
 def reduce_rows(t: torch.Tensor) -> torch.Tensor:

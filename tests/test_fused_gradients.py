@@ -35,7 +35,7 @@ def _gradcheck(op, *inputs):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_gelu_softmax_rule_matches_finite_differences(shape):
     batch, n_in, n_out = shape
-    op = g99.fused_op(g99.torch_forward(None, "fp32"), "fp32")
+    op = g99.fused_op(g99.torch_forward("fp32"), "fp32")
     _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2))
 
 
@@ -108,7 +108,7 @@ def test_a_recomputed_intermediate_gives_the_same_gradients():
     """Kernels that never store the logits save None; the backward recomputes them."""
     x, w, b = _leaf(7, 6), _leaf(5, 6, seed=1), _leaf(5, seed=2)
     grad = torch.randn(7, 5, dtype=F64)
-    saved_y = g99.torch_forward(None, "fp32")(x.detach(), w.detach(), b.detach(), save=True)[1]
+    saved_y = g99.torch_forward("fp32")(x.detach(), w.detach(), b.detach(), save=True)[1]
     recompute = saved_y[:3] + (None, None) + saved_y[5:]
     needs = (True, True, True)
     for got, want in zip(g99.backward(recompute, grad, needs, "fp32"), g99.backward(saved_y, grad, needs, "fp32")):

@@ -21,6 +21,8 @@ from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear
 from autofuse.variant import FoldCache, Variant
 
+from .gradients import affine_coefficients
+
 
 class SimplifiedGemmBn(Variant):
     name = "simplified"
@@ -67,22 +69,13 @@ class SimplifiedGemmBn(Variant):
     def _eval(self, model, x):
         gemm, bn, scale = model.gemm, model.bn, model.scale
         tensors = [t for t in (gemm.weight, gemm.bias, scale, bn.weight, bn.bias, bn.running_mean, bn.running_var) if t is not None]
-        weight, bias = self._folded.get(tensors, lambda: self._fold(gemm, bn, scale))
+        weight, bias = self._folded.get(tensors, lambda: self._fold(model))
         return linear(x, self.gemm_weight(weight), bias, self.precision)
 
     @staticmethod
-    def _fold(gemm, bn, scale):
-        k = torch.rsqrt(bn.running_var + bn.eps)
-        if bn.weight is not None:
-            k = k * bn.weight
-        column = scale * k
-        weight = gemm.weight * column[:, None]
-        bias = -bn.running_mean * k
-        if gemm.bias is not None:
-            bias = bias + gemm.bias * column
-        if bn.bias is not None:
-            bias = bias + bn.bias
-        return weight, bias
+    def _fold(model):
+        k, shift = affine_coefficients(model)  # out = z·k + shift per column
+        return model.gemm.weight * k[:, None], shift
 
 
 @hookimpl

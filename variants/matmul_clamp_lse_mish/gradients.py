@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
+from autofuse.autograd import FusedOp, backward_gemms, reduce_rows, saved_logits
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
@@ -48,10 +48,7 @@ def epilogue_backward(y, z, grad, t: float, lo: float, hi: float) -> torch.Tenso
 def backward(saved, grad, needs, precision, scalars):
     """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``scalars`` = (t, lo, hi)."""
     x, weight, bias, y, y_bias, z = saved
-    if y is None:
-        y = linear(x, weight, bias, precision)
-    elif y_bias is not None:
-        y = y.float() + y_bias
+    y = saved_logits(x, weight, bias, y, y_bias, precision)
     if z is None:
         t, lo, hi = scalars
         z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)

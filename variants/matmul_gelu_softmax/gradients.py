@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
+from autofuse.autograd import FusedOp, backward_gemms, reduce_rows, saved_logits
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
@@ -48,10 +48,7 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) ->
 def backward(saved, grad, needs, precision):
     """(dx, dW, db) per ``needs`` (inputs: x, weight, bias)."""
     x, weight, bias, y, y_bias, out = saved
-    if y is None:
-        y = linear(x, weight, bias, precision)
-    elif y_bias is not None:
-        y = y.float() + y_bias
+    y = saved_logits(x, weight, bias, y, y_bias, precision)
     dy = epilogue_backward(y, out, grad)
     dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
     db = reduce_rows(dy) if needs[2] else None
@@ -64,10 +61,10 @@ def fused_op(forward, precision: str) -> FusedOp:
     return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision), precision)
 
 
-def torch_forward(weight_operand, precision):
+def torch_forward(precision):
     """The fused forward written in torch (saving y), for tests of the backward on any device."""
     def forward(x, weight, bias, save):
-        y = linear(x, weight_operand if weight_operand is not None else weight, bias, precision)
+        y = linear(x, weight, bias, precision)
         out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
-        return out, (x, weight if weight_operand is None else weight_operand, bias, y, None, out)
+        return out, (x, weight, bias, y, None, out)
     return forward

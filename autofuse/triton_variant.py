@@ -109,7 +109,7 @@ def triton_missing() -> str | None:
 
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 to nearest, ties away from zero: the kernels' ``round_tf32``."""
+    """``t`` (float32) rounded to TF32 to nearest, ties away from zero, as ``tf32_parts`` does in a kernel."""
     return ((t.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
 
 
@@ -129,7 +129,8 @@ def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch
     if operands == "cast_pass":
         wb = w.bfloat16()
         return wb, wb
-    return w.contiguous(), w.contiguous()
+    w = w.contiguous()
+    return w, w
 
 
 def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,8 +242,8 @@ class TritonVariant(Variant):
     def operands(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str):
         """(x, (x's operand, x's low part), (W's operand, W's low part), bias), checked and contiguous,
         errors naming expected and got (x itself is what the backward's GEMMs take). W's operands
-        derive from the parameter once and are cached
-        until it changes; x's are made per call (``input_operands``). A missing bias is zeros."""
+        derive from the parameter once and are cached until it changes; x's are made per call
+        (``input_operands``). A missing bias is zeros."""
         n_out, n_in = weight.shape
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:
             raise InputError(f"expected a 2-D input (batch, {n_in}), got {getattr(x, 'shape', type(x).__name__)}")

@@ -43,3 +43,16 @@ def _isolated_home(tmp_path, monkeypatch):
 
 # Parametrize over these: the CUDA case carries the gpu marker, so CPU-only runs list it as skipped.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def no_file_problems(monkeypatch):
+    """The test starts and ends with no KernelBench file registered in this process."""
+    from autofuse import kernelbench, plugins
+
+    monkeypatch.setenv(kernelbench.ENV, "")
+    kernelbench.forget()
+    plugins.reset_plugin_manager()
+    yield
+    kernelbench.forget()
+    plugins.reset_plugin_manager()

@@ -6,14 +6,12 @@ cores each takes seconds (tens of seconds with inductor's cache cold)."""
 
 import json
 import logging
-import os
 import pathlib
 
 import pytest
 import torch
 
-import autofuse
-from autofuse import evaluate, kernelbench, plugins, registry
+from autofuse import evaluate, plugins, registry
 from autofuse.cli import main
 from autofuse.export import export_kernelbench
 from autofuse.outcome import Outcome, TrialResult
@@ -28,14 +26,9 @@ DEFAULT = {"mode": "default", "dynamic": False}
 
 
 @pytest.fixture(autouse=True)
-def compiled(monkeypatch):
+def compiled(monkeypatch, no_file_problems):
     """`compiled` registered (conftest leaves it out of other tests), no KernelBench file loaded."""
     monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)
-    monkeypatch.setenv(kernelbench.ENV, "")
-    kernelbench.forget()
-    plugins.reset_plugin_manager()
-    yield
-    kernelbench.forget()
     plugins.reset_plugin_manager()
 
 

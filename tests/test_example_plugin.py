@@ -18,7 +18,6 @@ import pathlib
 import shutil
 import site
 import subprocess
-import sys
 import venv
 
 import pytest

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import autofuse
-from autofuse import kernelbench, plugins, registry
+from autofuse import kernelbench, registry
 from autofuse.cli import main
 from autofuse.export import export_kernelbench
 from autofuse.testing import assert_variant_conforms
@@ -55,15 +55,7 @@ def autofuse_register_variants():
 '''
 
 
-@pytest.fixture(autouse=True)
-def no_file_problems(monkeypatch):
-    """Each test starts and ends with no KernelBench file registered in this process."""
-    monkeypatch.setenv(kernelbench.ENV, "")
-    kernelbench.forget()
-    plugins.reset_plugin_manager()
-    yield
-    kernelbench.forget()
-    plugins.reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("no_file_problems")  # each test starts and ends with none registered
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ per column and row tile the tile's (mean, M2), a two-pass over the accumulator; 
 merges a column's tiles with Chan's update (stable at any mean), updates the running statistics
 exactly as nn.BatchNorm1d does (num_batches_tracked here on the host, ``momentum_factor``) and
 ``bn_normalize`` writes the output: z is written once, read once, and the output written once,
-where cuBLAS + epilogue reads z twice. With a gradient needed the output goes to a fresh buffer
+as cuBLAS + the strip epilogue does where a strip fits (its two-kernel path reads z twice). With a gradient needed the output goes to a fresh buffer
 and z, μ and σ² stay for the backward (gradients.py). Needs batch ≥ 2.
 
 The main loop is the shared one (``autofuse.triton_gemm``). Kernels: triton_kernels.py.

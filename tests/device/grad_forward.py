@@ -1,0 +1,79 @@
+"""Why a grad-mode forward of the exported ModelNew is slower than its no-grad forward.
+
+    python3 tests/device/grad_forward.py --table benchmarks/table.json [--precision fp32] [--problems kb2-22,...]
+
+For each problem, the ModelNew that `autofuse export --kernelbench` writes (built as KernelBench's
+harness builds it, ``kernelbench_harness.build``), called with grad mode on and under no_grad:
+- the harness's time per call (CUDA events around one call, L2 thrashed before it);
+- the host's time per call: from the call until it returns, the GPU idle before it (a
+  synchronize), so the Python and launch overhead a synchronised harness sees on top of the kernels;
+- each kernel's device time per call (torch.profiler), so an extra kernel or a slower one shows.
+One JSON line per problem and mode on stdout (and in --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import kernelbench_harness as harness  # noqa: E402
+
+
+def host_ms(fn, inputs, calls=20) -> float:
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(*inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def kernels(fn, inputs, calls=10) -> list[tuple[str, float]]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    rows = [(e.key[:70], round(e.device_time_total / calls / 1000.0, 4)) for e in prof.key_averages()]
+    return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])[:8]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--table", default="benchmarks/table.json")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--problems", default="kb2-22,kb2-99,kb2-39,kb2-51")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/grad_forward"))
+    ap.add_argument("--json", type=pathlib.Path)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for problem in args.problems.split(","):
+        custom = harness.export(problem, args.precision, args.table, args.out, small=False)
+        model, model_new, get_inputs = harness.build(custom.split(harness.MARKER)[0], custom, 0, "cuda", torch.float32)
+        harness.set_seed(0, "cuda")
+        inputs = harness.inputs_of(get_inputs, "cuda", torch.float32)
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                events = harness.time_calls(model_new, inputs, 20, "cuda")
+                line = {"problem": problem, "grad": grad, "precision": args.precision,
+                        "dispatch": model_new.dispatch_info(inputs[0])["variant"],
+                        "harness_ms": round(statistics.median(events), 4), "host_ms": round(host_ms(model_new, inputs), 4),
+                        "reference_host_ms": round(host_ms(model, inputs), 4), "kernels": kernels(model_new, inputs)}
+            print(json.dumps(line), flush=True)
+            lines.append(line)
+    if args.json:
+        args.json.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""On the GPU: every operand path and schedule of the ``triton`` kind through the tuner's gate.
+
+Issue 11's list: batch 1, 37, 1000 and 1025, in all three precisions, train and eval, with and
+without gradients (``assert_variant_conforms`` runs every mode and autograd need). K = 1000 is
+a multiple of 8 but of no BLOCK_K (TMA, and the masked K tail of the pointer loads); K = 1004
+is not a multiple of 8 (no TMA: the pointer path alone); N = 777 and 1025 leave partial column
+tiles, batch 1025 a row tile of one. Each configuration is the first valid one of its operand
+path, persistence and TMA choice, so the tile sizes are the defaults the tuner starts from.
+"""
+
+import pytest
+import torch
+
+from autofuse import registry
+from autofuse.testing import assert_variant_conforms
+from autofuse.triton_variant import OPERANDS
+
+PROBLEMS = ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"]
+SIZES = ((1, 1000, 777), (37, 1004, 777), (1000, 1000, 777), (1025, 1000, 1025))
+
+
+def representative_configs(cls, shape, precision) -> list[dict]:
+    """The first valid configuration per (operands, persistent, tma) at this shape and precision."""
+    seen, chosen = set(), []
+    for params in cls.configs_for(shape, "cuda", precision):
+        key = (params["operands"], params["persistent"], params["tma"])
+        if key not in seen:
+            seen.add(key)
+            chosen.append(params)
+    return chosen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, precision):
+    prob = registry.get_problem(problem)
+    cls = registry.get_variant(problem, "triton")
+    if cls.admits("cuda", torch.float32, precision, autograd=True) is not None:
+        pytest.skip(cls.admits("cuda", torch.float32, precision, autograd=True))
+    paths = set()
+    for sizes in SIZES:
+        shape = dict(zip(prob.dims, sizes))
+        for params in representative_configs(cls, shape, precision):
+            paths.add(params["operands"])
+            assert_variant_conforms(problem, "triton", device="cuda", precision=precision, params=params,
+                                    shapes=[shape], seed=sizes[0])  # fmt: skip
+    # Every operand path of this precision was exercised (a path the space lost would go unchecked).
+    assert paths == {name for name, (served, *_) in OPERANDS.items() if served == precision}

@@ -14,8 +14,11 @@ One JSON line per problem and mode on stdout (and in --json).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import pathlib
+import pstats
 import statistics
 import sys
 import time
@@ -46,6 +49,20 @@ def kernels(fn, inputs, calls=10) -> list[tuple[str, float]]:
     return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])[:8]
 
 
+def host_profile(fn, inputs, calls=50, top=14) -> str:
+    """cProfile of ``calls`` calls, each after a synchronize: where the host's time goes."""
+    profile = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        profile.enable()
+        fn(*inputs)
+        profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default="benchmarks/table.json")
@@ -53,6 +70,7 @@ def main() -> int:
     ap.add_argument("--problems", default="kb2-22,kb2-99,kb2-39,kb2-51")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/grad_forward"))
     ap.add_argument("--json", type=pathlib.Path)
+    ap.add_argument("--cprofile", action="store_true", help="also print a cProfile of each mode's calls")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -69,6 +87,9 @@ def main() -> int:
                         "harness_ms": round(statistics.median(events), 4), "host_ms": round(host_ms(model_new, inputs), 4),
                         "reference_host_ms": round(host_ms(model, inputs), 4), "kernels": kernels(model_new, inputs)}
             print(json.dumps(line), flush=True)
+            if args.cprofile:
+                with torch.set_grad_enabled(grad):
+                    print(f"-- cProfile, {problem}, grad={grad}\n" + host_profile(model_new, inputs), flush=True)
             lines.append(line)
     if args.json:
         args.json.write_text("\n".join(json.dumps(line) for line in lines) + "\n")

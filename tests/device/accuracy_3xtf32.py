@@ -1,0 +1,64 @@
+"""How accurate is the triton kind's fp32 (3xTF32) GEMM, by k-slice, against cuBLAS fp32?
+
+    python3 tests/device/accuracy_3xtf32.py [--sizes 37,1004,777] [--block-ks 16,32,64]
+
+matmul_gelu_softmax's kernel stores its logits y = x·Wᵀ + b when a gradient needs them; this
+compares them with float64 (relative L2 and max relative error) at each BLOCK_K (a fresh
+tensor-core accumulator per k-slice: the hardware's truncating accumulation spans one slice),
+for the split on the host and Triton's own tf32x3, beside cuBLAS fp32 and, as the lower bound
+of the split itself, the three products summed exactly in float64.
+"""
+
+import argparse
+import json
+
+import torch
+
+from autofuse import registry
+from autofuse.precision import math_mode
+from autofuse.triton_variant import split_tf32
+from autofuse.verify import CheckCase, build_case
+
+
+def errors(got, exact):
+    d = (got.double() - exact)
+    return {"rel_l2": round((d.norm() / exact.norm()).item(), 10), "max_rel": round((d.abs().max() / exact.abs().max()).item(), 10)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="37,1004,777;1024,8192,8192")
+    ap.add_argument("--block-ks", default="16,32,64")
+    args = ap.parse_args()
+    prob = registry.get_problem("matmul_gelu_softmax")
+    cls = registry.get_variant("matmul_gelu_softmax", "triton")
+    for sizes in args.sizes.split(";"):
+        shape = dict(zip(prob.dims, map(int, sizes.split(","))))
+        for dist in ("rand", "randn", "large"):
+            model, x = build_case(prob, CheckCase(shape, dist, 39, True), "cuda", torch.float32, "train")
+            lin = prob.linear_of(model)
+            w, b = lin.weight.detach(), lin.bias.detach()
+            exact = x.double() @ w.double().T + b.double()
+            row = {"sizes": sizes, "dist": dist}
+            with math_mode("fp32"):
+                row["cublas_fp32"] = errors(x @ w.T + b, exact)
+            xh, xl = split_tf32(x)
+            wh, wl = split_tf32(w)
+            three = xh.double() @ wh.double().T + xh.double() @ wl.double().T + xl.double() @ wh.double().T + b.double()
+            row["split_exact_sum"] = errors(three, exact)
+            for operands in ("split_host", "split_triton"):
+                for bk in map(int, args.block_ks.split(",")):
+                    params = {"block_m": 128, "block_n": 128, "block_k": bk, "stages": 3, "warps": 8, "group_m": 8,
+                              "persistent": True, "tma": shape["in_features"] % 8 == 0, "operands": operands}
+                    variant = cls("fp32", **params)
+                    try:
+                        with torch.no_grad(), math_mode("fp32"):
+                            _, saved = variant._fused(x, lin.weight, lin.bias, save=True)
+                        row[f"{operands}_bk{bk}"] = errors(saved[3], exact)
+                    except Exception as exc:  # noqa: BLE001
+                        row[f"{operands}_bk{bk}"] = str(exc)[:120]
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

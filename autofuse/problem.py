@@ -232,6 +232,12 @@ class Problem:
         """False where the exact gradient is pure rounding noise, so no float32 method can match it."""
         return True
 
+    def gradient_check_applies(self, case, mode: str, precision: str) -> bool:
+        """Whether the gate compares gradients on ``case`` (a ``verify.CheckCase``) at ``precision``:
+        ``gradients_well_conditioned`` unless a problem knows a distribution that makes them
+        rounding noise at a reduced precision."""
+        return self.gradients_well_conditioned(case.shape, mode)
+
     def invariant_parameters(self, mode: str) -> frozenset[str]:
         """Parameters the output does not depend on (up to rounding) in ``mode``: their exact
         gradient is ~0, so its relative error is noise; gradient checks only require it finite."""

@@ -252,6 +252,9 @@ class Dispatcher:
             params = entry.get("params", {})
             if not candidate.exact_shape:
                 check_params(variant_cls, params, shape, device.type)
+                reason = variant_cls.only_where_gated(params)
+                if reason is not None:
+                    raise ValueError(f"{reason}; it was gated at {candidate.shape}, not this shape")
             variant = variant_cls(candidate.precision, **params)
             variant.build(str(device))
             return variant

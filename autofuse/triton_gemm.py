@@ -16,8 +16,7 @@ persistent, each program walking tiles ``num_programs`` apart.
   and W = hi + lo, each part rounded to TF32 to nearest before the kernel (W's split cached, x's
   one pass per call, ``tf32_parts``), lo·hi + hi·lo + hi·hi per k-slice added to a float32
   running sum (``split_dot``); every part is exactly a TF32 number, so the tensor cores
-  multiply it exactly. "tf32x3" is Triton's own split of both operands
-  inside the kernel. "tf32" multiplies x as the tensor cores take it (truncated to TF32) by W
+  multiply it exactly. "tf32" multiplies x as the tensor cores take it (truncated to TF32) by W
   rounded to nearest once on the host (x too, by a pass, where the operands say "round_host").
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
@@ -69,8 +68,6 @@ def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constex
         return tl.dot(a, b, acc)
     elif MODE == "tf32":
         return tl.dot(a, b, acc, input_precision="tf32")
-    elif MODE == "tf32x3":
-        return tl.dot(a, b, acc, input_precision="tf32x3")
     else:
         return tl.dot(a, b, acc, input_precision="ieee")
 
@@ -144,6 +141,22 @@ def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.conste
     if SPLIT:
         lo = ((v - hi).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
         tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
+
+
+@triton.jit
+def exp_nonpositive(x):
+    """exp(x) for x ≤ 0 (a softmax's or log-sum-exp's x − max) to float32 accuracy, NaN kept.
+
+    ``tl.exp`` on float32 is x·log₂e then ex2.approx: the product's rounding is an error of
+    |x|·2⁻²⁴ in the exponent, so exp(−20) comes out 1e-6 off, where expf is within 2 ulp. Logits
+    in the hundreds (the gate's large inputs) then put 99's output and gradients 4-5x further
+    from float64 than eager's. Here x = k·ln2 + r with k an integer and |r| ≤ ln2/2 (ln2 in two
+    parts, so k·ln2_hi is exact), and exp(x) = 2^r·log₂e · 2^k: the approximation sees only r.
+    Below −104 the result is 0 (float32 flushes it anyway), so −inf gives 0."""
+    x = tl.where(x < -104.0, -104.0, x)
+    k = tl.floor(x * 1.4426950408889634 + 0.5)
+    r = (x - k * 0.693145751953125) - k * 1.4286068203094173e-06
+    return tl.exp2(r * 1.4426950408889634) * tl.exp2(k)
 
 
 @triton.jit

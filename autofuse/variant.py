@@ -80,6 +80,12 @@ class Variant:
         return cls.configs(shape, device)
 
     @classmethod
+    def only_where_gated(cls, params: Mapping[str, Any]) -> str | None:
+        """Why ``params`` may serve only the exact shape the gate passed it at (None: it may serve
+        a neighbouring batch, as the dispatcher's nearest-batch fallback does)."""
+        return None
+
+    @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
         """Why this variant cannot run on ``device`` here (no nvcc, ...), or None."""
         if device not in cls.devices:

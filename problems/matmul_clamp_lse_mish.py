@@ -34,6 +34,17 @@ class Model(nn.Module):
 
 
 class MatmulClampLseMish(Problem):
+    def gradient_check_applies(self, case, mode, precision):
+        # "large" clamps at ±1000 with logits in the hundreds: the logsumexp's gradient sits on
+        # the few logits just under the bound, and bfloat16's rounding (±4 at 1000) moves logits
+        # across it, each flip carrying a near-maximal softmax weight. With one row the gradient is
+        # a single draw of that noise: eager bf16 itself was 27% off float64, a triton kernel
+        # 221% (1 × 1000 × 777, H100), so a ratio to eager's draw decides nothing. Over many rows
+        # it averages out and the check applies; at tf32 (±0.5) it applies everywhere.
+        if precision == "bf16" and case.distribution == "large" and case.shape["batch_size"] < 8:
+            return False
+        return super().gradient_check_applies(case, mode, precision)
+
     def init_args(self, shape):
         return (shape["input_size"], shape["hidden_size"], 2.0, -10.0, 10.0), {}
 

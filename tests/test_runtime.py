@@ -350,3 +350,22 @@ def test_a_deep_copy_dispatches_on_its_own():
     assert twin.dispatch_info(x)["source"] == "tuned"
     twin.requires_grad_(False)  # its own parameters: the original still needs grad
     assert not twin(x).requires_grad and module(x).requires_grad
+
+
+@pytest.mark.skipif(__import__("autofuse.triton_variant").triton_variant.triton_missing() is not None,
+                    reason="needs triton")
+@pytest.mark.parametrize("operands, served", [("truncate", False), ("round_host", True)])
+def test_a_truncating_tf32_entry_serves_only_the_shape_it_was_gated_at(monkeypatch, caplog, operands, served):
+    """x truncated to TF32 passed the gate at the default shapes and failed it at batch 1 (H100):
+    the nearest-batch fallback must not carry such an entry to a batch nobody gated it at."""
+    from autofuse import triton_variant
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
+    params = next(c for c in triton_variant.gemm_configs(IN, "cpu") if c["operands"] == operands)
+    record("matmul_gelu_softmax", 2 * B, IN, OUT, variant="triton", precision="tf32", params=params)
+    module = module_for("matmul_gelu_softmax", precision="tf32")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="autofuse"):
+        info = module.dispatch_info(torch.randn(B, IN))
+    assert (info["variant"] == "triton") == served, info
+    if not served:
+        assert "truncate" in caplog.text and info["source"] == "unusable entry: reference", caplog.text

@@ -6,6 +6,10 @@ a multiple of 8 but of no BLOCK_K (TMA, and the masked K tail of the pointer loa
 is not a multiple of 8 (no TMA: the pointer path alone); N = 777 and 1025 leave partial column
 tiles, batch 1025 a row tile of one. Each configuration is the first valid one of its operand
 path, persistence and TMA choice, so the tile sizes are the defaults the tuner starts from.
+
+Left out: tf32's "truncate" (x truncated to TF32 by the tensor cores). Truncation is biased and
+failed the gate at batch 1 on large inputs, so it may serve only the shapes the tuner gated it at
+(``TritonVariant.only_where_gated``; tests/test_runtime.py checks the dispatcher keeps to that).
 """
 
 import pytest
@@ -38,12 +42,19 @@ def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, preci
     cls = registry.get_variant(problem, "triton")
     if cls.admits("cuda", torch.float32, precision, autograd=True) is not None:
         pytest.skip(cls.admits("cuda", torch.float32, precision, autograd=True))
-    paths = set()
+    paths, failures = set(), []
     for sizes in SIZES:
         shape = dict(zip(prob.dims, sizes))
         for params in representative_configs(cls, shape, precision):
+            if cls.only_where_gated(params) is not None:
+                continue
             paths.add(params["operands"])
-            assert_variant_conforms(problem, "triton", device="cuda", precision=precision, params=params,
-                                    shapes=[shape], seed=sizes[0])  # fmt: skip
+            try:
+                assert_variant_conforms(problem, "triton", device="cuda", precision=precision, params=params,
+                                        shapes=[shape], seed=sizes[0])  # fmt: skip
+            except AssertionError as exc:  # every failing configuration is reported, not only the first
+                failures.append(f"{sizes} {params}: {exc}")
     # Every operand path of this precision was exercised (a path the space lost would go unchecked).
-    assert paths == {name for name, (served, *_) in OPERANDS.items() if served == precision}
+    assert paths == {name for name, (served, *_) in OPERANDS.items()
+                     if served == precision and cls.only_where_gated({"operands": name}) is None}
+    assert not failures, "\n".join(failures)

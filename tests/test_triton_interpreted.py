@@ -40,3 +40,7 @@ def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
 
 def test_a_wrong_kernel_fails_the_interpreted_gate():
     _run("mutant_fails")
+
+
+def test_the_accurate_exp_of_the_softmax_epilogues_interpreted():
+    _run("exp_nonpositive")

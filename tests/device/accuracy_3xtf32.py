@@ -46,7 +46,7 @@ def main():
             wh, wl = split_tf32(w)
             three = xh.double() @ wh.double().T + xh.double() @ wl.double().T + xl.double() @ wh.double().T + b.double()
             row["split_exact_sum"] = errors(three, exact)
-            for operands in ("split_host", "split_triton"):
+            for operands in ("split_host",):
                 for bk in map(int, args.block_ks.split(",")):
                     params = {"block_m": 128, "block_n": 128, "block_k": bk, "stages": 3, "warps": 8, "group_m": 8,
                               "persistent": True, "tma": shape["in_features"] % 8 == 0, "operands": operands}

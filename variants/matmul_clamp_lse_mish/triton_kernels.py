@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 # row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
+from autofuse.triton_gemm import exp_nonpositive, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc,
         v = tl.minimum(tl.maximum(y * t, lo), hi)
         live = tl.where(col_ok[None, :], v, float("-inf"))
         tile_max = tl.max(live, axis=1)
-        tile_sum = tl.sum(tl.exp(live - tile_max[:, None]), axis=1)
+        tile_sum = tl.sum(exp_nonpositive(live - tile_max[:, None]), axis=1)
         tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
         tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
         if SAVE_Y:
@@ -65,7 +65,7 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
     part_sum = tl.load(part_sum_ptr + offsets, mask=mask, other=0.0)
     row_max = tl.max(part_max, axis=1)
     row_max = tl.where(rows < M, row_max, 0.0)  # rows past M: keep the arithmetic finite
-    total = tl.sum(part_sum * tl.exp(part_max - row_max[:, None]), axis=1)
+    total = tl.sum(part_sum * exp_nonpositive(part_max - row_max[:, None]), axis=1)
     z = row_max + tl.log(tl.where(rows < M, total, 1.0))
     out = z * z * tanh_nonnegative(softplus(z))
     tl.store(z_ptr + rows, z, mask=rows < M)
@@ -82,5 +82,5 @@ def clamp_lse_backward(y_ptr, z_ptr, gz_ptr, dy_ptr, t, lo, hi, N, BLOCK_N: tl.c
         cols = start + tl.arange(0, BLOCK_N)
         v = tl.load(y_ptr + base + cols, mask=cols < N, other=0.0) * t
         inside = (v >= lo) & (v <= hi)
-        dy = tl.where(inside, tl.exp(tl.minimum(tl.maximum(v, lo), hi) - z) * scale, 0.0)
+        dy = tl.where(inside, exp_nonpositive(tl.minimum(tl.maximum(v, lo), hi) - z) * scale, 0.0)
         tl.store(dy_ptr + base + cols, dy, mask=cols < N)

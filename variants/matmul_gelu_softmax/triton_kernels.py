@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 # row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import gelu, gelu_grad, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
+from autofuse.triton_gemm import exp_nonpositive, gelu, gelu_grad, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_de
         v = gelu(y)
         live = tl.where(col_ok[None, :], v, float("-inf"))
         tile_max = tl.max(live, axis=1)
-        tile_sum = tl.sum(tl.exp(live - tile_max[:, None]), axis=1)
+        tile_sum = tl.sum(exp_nonpositive(live - tile_max[:, None]), axis=1)
         tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
         tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
         offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -52,12 +52,12 @@ def softmax_normalize(logits_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
     part_max = tl.load(part_max_ptr + row * PARTS + p, mask=p < PARTS, other=float("-inf"))
     part_sum = tl.load(part_sum_ptr + row * PARTS + p, mask=p < PARTS, other=0.0)
     row_max = tl.max(part_max, axis=0)
-    inv_total = 1.0 / tl.sum(part_sum * tl.exp(part_max - row_max), axis=0)
+    inv_total = 1.0 / tl.sum(part_sum * exp_nonpositive(part_max - row_max), axis=0)
     base = logits_ptr + row.to(tl.int64) * N
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         v = tl.load(base + cols, mask=cols < N, other=0.0)
-        tl.store(base + cols, tl.exp(v - row_max) * inv_total, mask=cols < N)
+        tl.store(base + cols, exp_nonpositive(v - row_max) * inv_total, mask=cols < N)
 
 
 @triton.jit

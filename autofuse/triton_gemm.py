@@ -148,9 +148,8 @@ def exp_nonpositive(x):
     """exp(x) for x ≤ 0 (a softmax's or log-sum-exp's x − max) to float32 accuracy, NaN kept.
 
     ``tl.exp`` on float32 is x·log₂e then ex2.approx: the product's rounding is an error of
-    |x|·2⁻²⁴ in the exponent, so exp(−20) comes out 1e-6 off, where expf is within 2 ulp. Logits
-    in the hundreds (the gate's large inputs) then put 99's output and gradients 4-5x further
-    from float64 than eager's. Here x = k·ln2 + r with k an integer and |r| ≤ ln2/2 (ln2 in two
+    |x|·2⁻²⁴ in the exponent, so exp(−20) comes out ~1e-6 off, where expf is within 2 ulp (the
+    gate's large inputs put softmax arguments in the hundreds). Here x = k·ln2 + r with k an integer and |r| ≤ ln2/2 (ln2 in two
     parts, so k·ln2_hi is exact), and exp(x) = 2^r·log₂e · 2^k: the approximation sees only r.
     Below −104 the result is 0 (float32 flushes it anyway), so −inf gives 0."""
     x = tl.where(x < -104.0, -104.0, x)

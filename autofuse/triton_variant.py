@@ -38,8 +38,8 @@ GROUPS = (8, 16)
 # How the operands reach the tensor cores, by precision: (precision served, kernel MODE, bytes of x
 # and of W per element in shared memory). See autofuse/triton_gemm.py. Triton's own in-kernel
 # split (input_precision="tf32x3") is not offered: 0.63-0.73x cuBLAS fp32 where split_host is
-# 0.48, and its products chain in the tensor cores' truncating accumulator, so it failed the fp32
-# gate (x's gradient of matmul_gelu_softmax at 37×1004×777, large inputs: 2.9e-5 > 2.15e-5; H100).
+# 0.48, and it failed the fp32 gate where split_host passed (x's gradient of matmul_gelu_softmax at
+# 37×1004×777, large inputs: 2.9e-5 > 2.15e-5; H100), though its logits alone were as accurate.
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
     "truncate": ("tf32", "tf32", 4, 4),  # W rounded to nearest once; x truncated by the tensor cores

@@ -14,7 +14,6 @@ backward keeps (see gradients.py). Kernel: csrc/gelu_softmax_rows.cu.
 
 import torch
 
-from autofuse.autograd import fused_call
 from autofuse.cuda_variant import CudaVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
 from autofuse.precision import linear_deferring_bias
@@ -38,7 +37,7 @@ def row_configs(n: int) -> list[dict]:
     return resident + [{"block": b, "items": 0} for b in BLOCKS]
 
 
-class CublasEpilogueGeluSoftmax(CudaVariant):
+class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
     name = "cublas_epilogue"
     problem = "matmul_gelu_softmax"
     kind = "cublas_epilogue"
@@ -47,16 +46,9 @@ class CublasEpilogueGeluSoftmax(CudaVariant):
     launchers = {"af_gelu_softmax_rows": ("ptr", "int", "ptr", "ptr", "int", "int")}
     supports_autograd = True
 
-    def __init__(self, precision="fp32", **params):
-        super().__init__(precision, **params)
-        self._op = gradients.fused_op(self._fused, precision)
-
     @classmethod
     def configs(cls, shape, device):
         return row_configs(shape["out_features"])
-
-    def forward(self, model, x):
-        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
 
     def _fused(self, x, weight, bias, save):
         x, w, b = gemm_operands(x, weight, bias, "linear")

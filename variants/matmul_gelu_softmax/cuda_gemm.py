@@ -12,7 +12,6 @@ cuBLAS GEMM (gradients.py): three GEMMs in the backward instead of two, nothing 
 
 import torch
 
-from autofuse.autograd import fused_call
 from autofuse.cuda_variant import GemmKernelVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
 
@@ -21,19 +20,12 @@ from . import gradients
 _PTR6 = ("ptr",) * 6
 
 
-class GemmGeluSoftmax(GemmKernelVariant):
+class GemmGeluSoftmax(gradients.FusedGeluSoftmax, GemmKernelVariant):
     problem = "matmul_gelu_softmax"
     source = "csrc/gemm_gelu_softmax.cu"
     launchers = {"af_gemm_gelu_softmax": _PTR6 + ("int", "int", "int")}
 
     supports_autograd = True
-
-    def __init__(self, precision="fp32", **params):
-        super().__init__(precision, **params)
-        self._op = gradients.fused_op(self._fused, precision)
-
-    def forward(self, model, x):
-        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
 
     def _fused(self, x, weight, bias, save):
         x, w, b = gemm_operands(x, weight, bias, "linear")

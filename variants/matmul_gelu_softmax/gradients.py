@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from autofuse.autograd import FusedOp, backward_gemms, reduce_rows, saved_logits
+from autofuse.autograd import FusedOp, backward_gemms, fused_call, reduce_rows, saved_logits
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
@@ -59,6 +59,19 @@ def fused_op(forward, precision: str) -> FusedOp:
     """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
     (out, (x, weight operand, bias, y or None, bias still to add to y or None, out))."""
     return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision), precision)
+
+
+class FusedGeluSoftmax:
+    """Mixin of this problem's fused variants (before the Variant base in the bases): ``forward``
+    runs the variant's ``_fused(x, weight, bias, save)``, returning (out, saved) as ``fused_op``
+    says, differentiably through this problem's backward, with one FusedOp per instance."""
+
+    def __init__(self, precision="fp32", **params):
+        super().__init__(precision, **params)
+        self._op = fused_op(self._fused, precision)
+
+    def forward(self, model, x):
+        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
 
 
 def torch_forward(precision):

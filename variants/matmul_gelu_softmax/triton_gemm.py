@@ -14,25 +14,17 @@ tensors (made contiguous) on CUDA, or on the CPU under TRITON_INTERPRET=1; any s
 
 import torch
 
-from autofuse.autograd import fused_call
 from autofuse.hookspecs import hookimpl
 from autofuse.triton_variant import TritonVariant
 
 from . import gradients
 
 
-class TritonGeluSoftmax(TritonVariant):
+class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
     name = "triton"
     problem = "matmul_gelu_softmax"
     description = ("tensor-core GEMM (TMA, persistent, grouped) with bias + GELU + softmax partials inside; "
                    "one normalising pass")
-
-    def __init__(self, precision="fp32", **params):
-        super().__init__(precision, **params)
-        self._op = gradients.fused_op(self._fused, precision)
-
-    def forward(self, model, x):
-        return fused_call(self._op, x, model.linear.weight, model.linear.bias)
 
     def _fused(self, x, weight, bias, save):
         x, xs, weights, b = self.operands(x, weight, bias, "linear")

@@ -44,3 +44,7 @@ def test_a_wrong_kernel_fails_the_interpreted_gate():
 
 def test_the_accurate_exp_of_the_softmax_epilogues_interpreted():
     _run("exp_nonpositive")
+
+
+def test_the_lse_mish_output_is_float32_accurate_where_softplus_underflows_interpreted():
+    _run("lse_mish_output")

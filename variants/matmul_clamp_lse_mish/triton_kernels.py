@@ -42,16 +42,16 @@ def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc,
 
 
 @triton.jit
-def softplus(z):
-    """log(1 + exp(z)) as F.softplus computes it (threshold 20: z itself above)."""
-    return tl.where(z > 20.0, z, tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z))))
-
-
-@triton.jit
-def tanh_nonnegative(u):
-    """tanh(u) for u ≥ 0 (softplus is): (1 − e)/(1 + e) with e = exp(−2u) ≤ 1, which cannot overflow."""
-    e = tl.exp(-2.0 * u)
-    return (1.0 - e) / (1.0 + e)
+def tanh_softplus(z):
+    """tanh(softplus(z)), mish(z)/z, from one exp and no log or tanh. With w = e^z,
+    tanh(log(1 + w)) = w(w + 2)/(w(w + 2) + 2): for z ≤ 0 that has no cancellation; for z > 0,
+    with v = e^−z, it is (1 + 2v)/(1 + 2v + 2v²). So it stays float32-accurate where
+    log(1 + e^z) rounds to log(1) = 0 (z < −17: softplus written with tl.log returned 0, and
+    z·mish(z) with it; the GPU gate caught it at batch 2, K = 1, large inputs) and where
+    (1 − e^−2u)/(1 + e^−2u) cancels for small u."""
+    w = exp_nonpositive(-tl.abs(z))
+    n = w * (w + 2.0)
+    return tl.where(z > 0.0, (1.0 + 2.0 * w) / (1.0 + 2.0 * w + 2.0 * w * w), n / (n + 2.0))
 
 
 @triton.jit
@@ -67,7 +67,7 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
     row_max = tl.where(rows < M, row_max, 0.0)  # rows past M: keep the arithmetic finite
     total = tl.sum(part_sum * exp_nonpositive(part_max - row_max[:, None]), axis=1)
     z = row_max + tl.log(tl.where(rows < M, total, 1.0))
-    out = z * z * tanh_nonnegative(softplus(z))
+    out = z * z * tanh_softplus(z)
     tl.store(z_ptr + rows, z, mask=rows < M)
     tl.store(out_ptr + rows, out, mask=rows < M)
 

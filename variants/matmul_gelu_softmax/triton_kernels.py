@@ -62,17 +62,33 @@ def softmax_normalize(logits_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
 
 @triton.jit
 def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, dy_ptr, N, BLOCK_N: tl.constexpr):
+    """∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), with Σ g·out taken as g_top − Σ out_k·(g_top − g_k)
+    around the row's largest output (see gradients.epilogue_backward): three passes over the row."""
     row = tl.program_id(0).to(tl.int64) * N
-    dot = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    top, top_out, top_grad = -1, -1.0, 0.0
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+        cols = start + lanes
+        out = tl.load(out_ptr + row + cols, mask=cols < N, other=-1.0)
+        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
+        i = tl.argmax(out, axis=0)
+        m = tl.max(out, axis=0)
+        better = m > top_out
+        top = tl.where(better, start + i, top)
+        top_grad = tl.where(better, tl.sum(tl.where(lanes == i, grad, 0.0), axis=0), top_grad)
+        top_out = tl.maximum(m, top_out)
+    rest = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + lanes
         out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
         grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
-        dot += grad * out
-    total = tl.sum(dot, axis=0)
+        rest += out * (top_grad - grad)
+    rest_total = tl.sum(rest, axis=0)
+    total = top_grad - rest_total
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+        cols = start + lanes
         y = tl.load(y_ptr + row + cols, mask=cols < N, other=0.0).to(tl.float32)
         out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
         grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
-        tl.store(dy_ptr + row + cols, out * (grad - total) * gelu_grad(y), mask=cols < N)
+        da = out * tl.where(cols == top, rest_total, grad - total)
+        tl.store(dy_ptr + row + cols, da * gelu_grad(y), mask=cols < N)

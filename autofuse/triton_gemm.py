@@ -16,8 +16,8 @@ persistent, each program walking tiles ``num_programs`` apart.
   and W = hi + lo, each part rounded to TF32 to nearest before the kernel (W's split cached, x's
   one pass per call, ``tf32_parts``), lo·hi + hi·lo + hi·hi per k-slice added to a float32
   running sum (``split_dot``); every part is exactly a TF32 number, so the tensor cores
-  multiply it exactly. "tf32" multiplies x as the tensor cores take it (truncated to TF32) by W
-  rounded to nearest once on the host (x too, by a pass, where the operands say "round_host").
+  multiply it exactly. "tf32" multiplies x and W rounded to TF32 to nearest on the host (W once,
+  x by a pass per call: the tensor cores would truncate them, a bias the tf32 gate rejected).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
   the dot: on an H100 with Triton 3.6, rounding or splitting x in registers before a TF32 dot, or

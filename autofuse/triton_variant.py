@@ -40,10 +40,12 @@ GROUPS = (8, 16)
 # split (input_precision="tf32x3") is not offered: 0.63-0.73x cuBLAS fp32 where split_host is
 # 0.48, and it failed the fp32 gate where split_host passed (x's gradient of matmul_gelu_softmax at
 # 37×1004×777, large inputs: 2.9e-5 > 2.15e-5; H100), though its logits alone were as accurate.
+# Nor is x left for the tensor cores to truncate (W rounded, no pass over x): it won 22's tf32
+# tune (0.330 ms, cuBLAS + epilogue 0.360), but truncation is biased, and 22's gradient missed
+# the tf32 gate by 20x on plain randn inputs at batch 37 (0.089 > 0.0046; H100).
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
-    "truncate": ("tf32", "tf32", 4, 4),  # W rounded to nearest once; x truncated by the tensor cores
-    "round_host": ("tf32", "tf32", 4, 4),  # x rounded to nearest by a pass per call too
+    "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
 }
 # The first configuration of each precision (the tuner tries it first): the fastest of the probes
@@ -52,7 +54,7 @@ DEFAULTS = {
     "fp32": {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "split_host"},
     "tf32": {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
-             "persistent": True, "tma": True, "operands": "truncate"},
+             "persistent": True, "tma": True, "operands": "round_host"},
     "bf16": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "cast_pass"},
 }
@@ -125,7 +127,7 @@ def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch
     """(W's operand, W's low part) for ``operands``; the low part is the operand again unless split."""
     if operands == "split_host":
         return split_tf32(w)
-    if operands in ("truncate", "round_host"):
+    if operands == "round_host":
         hi = round_tf32(w)
         return hi, hi
     if operands == "cast_pass":
@@ -208,12 +210,13 @@ class TritonVariant(Variant):
 
     @classmethod
     def only_where_gated(cls, params):
-        # Truncation is biased: where large inputs put logits near a clamp bound or BN's shift
-        # cancels most of z, batch 1 failed the tf32 gate (22's gradient 0.0955 > 0.002; gemm_bn
-        # eval 3 of 777 outputs; H100) while the default shapes passed. The tuner gates it at each
-        # shape it tunes; the nearest-batch fallback must not carry it to shapes nobody checked.
-        if params.get("operands") == "truncate":
-            return "operands='truncate' (x truncated to TF32) passes the tf32 gate only at some shapes"
+        # TF32 products: at batch 1 (and K = 1) cuBLAS's own TF32 mode evidently multiplies in
+        # float32 (eager's error there was under 5e-4 where TF32 products gave 0.08 on 99's
+        # gradient), so the tf32 gate's floor is float32's and large inputs failed it at batch 1
+        # (22's gradient 0.0166; gemm_bn eval 2 of 777 outputs; H100), while batches 37 and up passed. The tuner gates them at each
+        # shape it tunes; the nearest-batch fallback must not carry them to shapes nobody checked.
+        if OPERANDS[params.get("operands", "split_host")][0] == "tf32":
+            return f"operands={params['operands']!r} (TF32 products) passes the tf32 gate only at some shapes"
         return None
 
     def build(self, device: str) -> None:

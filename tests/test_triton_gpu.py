@@ -7,9 +7,10 @@ is not a multiple of 8 (no TMA: the pointer path alone); N = 777 and 1025 leave 
 tiles, batch 1025 a row tile of one. Each configuration is the first valid one of its operand
 path, persistence and TMA choice, so the tile sizes are the defaults the tuner starts from.
 
-Left out: tf32's "truncate" (x truncated to TF32 by the tensor cores). Truncation is biased and
-failed the gate at batch 1 on large inputs, so it may serve only the shapes the tuner gated it at
-(``TritonVariant.only_where_gated``; tests/test_runtime.py checks the dispatcher keeps to that).
+At tf32 batch 1 is left out: there cuBLAS's TF32 mode (the gate's floor) multiplies in float32,
+and TF32 products on large inputs failed the bound it sets (both operand paths, H100). So those
+configurations may serve only the shapes the tuner gated them at (``TritonVariant.only_where_gated``;
+tests/test_runtime.py checks the dispatcher keeps to that), and here they are checked from batch 37.
 """
 
 import pytest
@@ -46,7 +47,7 @@ def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, preci
     for sizes in SIZES:
         shape = dict(zip(prob.dims, sizes))
         for params in representative_configs(cls, shape, precision):
-            if cls.only_where_gated(params) is not None:
+            if cls.only_where_gated(params) is not None and sizes[0] < 37:
                 continue
             paths.add(params["operands"])
             try:
@@ -55,6 +56,5 @@ def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, preci
             except AssertionError as exc:  # every failing configuration is reported, not only the first
                 failures.append(f"{sizes} {params}: {exc}")
     # Every operand path of this precision was exercised (a path the space lost would go unchecked).
-    assert paths == {name for name, (served, *_) in OPERANDS.items()
-                     if served == precision and cls.only_where_gated({"operands": name}) is None}
+    assert paths == {name for name, (served, *_) in OPERANDS.items() if served == precision}
     assert not failures, "\n".join(failures)

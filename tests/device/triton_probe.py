@@ -35,8 +35,8 @@ CANDIDATES = {  # (block_m, block_n, block_k, stages, warps, persistent, tma, op
     "fp32": [(128, 128, 32, 3, 8, True, True, "split_host"), (128, 128, 32, 3, 8, False, False, "split_host"),
              (128, 256, 32, 2, 8, True, True, "split_host"), (128, 64, 32, 4, 4, True, True, "split_host"),
              (128, 128, 32, 4, 8, False, False, "split_host")],
-    "tf32": [(128, 256, 32, 3, 8, True, True, "truncate"), (128, 256, 32, 3, 8, False, True, "truncate"),
-             (128, 256, 32, 3, 8, True, True, "round_host"), (128, 256, 32, 4, 8, True, True, "truncate")],
+    "tf32": [(128, 256, 32, 3, 8, True, True, "round_host"), (128, 256, 32, 3, 8, False, True, "round_host"),
+             (128, 256, 32, 4, 8, True, True, "round_host")],
     "bf16": [(128, 256, 64, 3, 8, True, True, "cast_pass"), (128, 256, 64, 4, 8, True, True, "cast_pass"),
              (128, 256, 64, 3, 8, False, True, "cast_pass"), (128, 128, 64, 4, 8, True, True, "cast_pass")],
 }

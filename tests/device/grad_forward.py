@@ -7,7 +7,9 @@ harness builds it, ``kernelbench_harness.build``), called with grad mode on and 
 - the harness's time per call (CUDA events around one call, L2 thrashed before it);
 - the host's time per call: from the call until it returns, the GPU idle before it (a
   synchronize), so the Python and launch overhead a synchronised harness sees on top of the kernels;
-- each kernel's device time per call (torch.profiler), so an extra kernel or a slower one shows.
+- each kernel's device time per call (torch.profiler), so an extra kernel or a slower one shows;
+- with ``--rounds N``: the harness's speedup in both modes over N alternating rounds, and the
+  ratio grad / no_grad per round (one harness run per mode swings ±8% between runs; this pairs them).
 One JSON line per problem and mode on stdout (and in --json).
 """
 
@@ -49,6 +51,27 @@ def kernels(fn, inputs, calls=10) -> list[tuple[str, float]]:
     return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])[:8]
 
 
+def paired_rounds(model, model_new, inputs, rounds: int, trials: int = 20) -> dict:
+    """The harness's speedup with grad on and under no_grad, measured in alternating rounds (each
+    round: ModelNew then Model, ``trials`` harness calls each, per mode), so drift of the host or the
+    clocks hits both modes alike. Medians and p20-p80 over rounds of each speedup and of their
+    ratio grad / no_grad (issue 13's target: ≥ 1 within the noise)."""
+    speedup = {True: [], False: []}
+    for r in range(rounds):
+        for grad in ((True, False) if r % 2 == 0 else (False, True)):
+            with torch.set_grad_enabled(grad):
+                new = statistics.fmean(harness.time_calls(model_new, inputs, trials, "cuda"))
+                ref = statistics.fmean(harness.time_calls(model, inputs, trials, "cuda"))
+            speedup[grad].append(ref / new)
+    ratio = [g / n for g, n in zip(speedup[True], speedup[False])]
+
+    def spread(values):
+        q = statistics.quantiles(values, n=5)
+        return {"median": round(statistics.median(values), 4), "p20": round(q[0], 4), "p80": round(q[3], 4)}
+    return {"rounds": rounds, "speedup_grad": spread(speedup[True]), "speedup_no_grad": spread(speedup[False]),
+            "grad_over_no_grad": spread(ratio)}
+
+
 def host_profile(fn, inputs, calls=50, top=14) -> str:
     """cProfile of ``calls`` calls, each after a synchronize: where the host's time goes."""
     profile = cProfile.Profile()
@@ -71,6 +94,7 @@ def main() -> int:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/grad_forward"))
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--cprofile", action="store_true", help="also print a cProfile of each mode's calls")
+    ap.add_argument("--rounds", type=int, default=0, help="also the harness's speedups in alternating rounds")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -90,6 +114,10 @@ def main() -> int:
             if args.cprofile:
                 with torch.set_grad_enabled(grad):
                     print(f"-- cProfile, {problem}, grad={grad}\n" + host_profile(model_new, inputs), flush=True)
+            lines.append(line)
+        if args.rounds:
+            line = {"problem": problem, "precision": args.precision, **paired_rounds(model, model_new, inputs, args.rounds)}
+            print(json.dumps(line), flush=True)
             lines.append(line)
     if args.json:
         args.json.write_text("\n".join(json.dumps(line) for line in lines) + "\n")

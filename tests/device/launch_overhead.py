@@ -1,0 +1,155 @@
+"""Where the host's time goes in one call of a tuned Triton variant (issue 13: grad mode vs no_grad).
+
+    python3 tests/device/launch_overhead.py --table benchmarks/table.json [--precision fp32] [--json out.json]
+
+For each GEMM-bound problem at its default shape, the module from ``get_module`` with the table's
+entry, and each piece of its call timed on the host alone: ``--calls`` calls in a row with no
+synchronize between them (the GPU is slower, so this is the launch cost, not the kernels'),
+rounds interleaved, median and p20-p80 µs per call. Pieces: the module under no_grad and with
+grad (FusedFunction, logits stored), the variant called directly, its ``operands`` step, and every
+Triton launch the call makes, replayed three ways: through ``JITFunction`` (``kernel[grid](...)``,
+what the variants do), through the ``CompiledKernel`` that launch returned (Triton's binder and
+cache lookup skipped), and its TMA descriptors built alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+import autofuse
+from autofuse import registry
+
+PROBLEMS = ("matmul_clamp_lse_mish", "matmul_gelu_softmax", "gemm_bn")
+
+
+def host_us(fn, calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def record_launches(fn) -> list[tuple]:
+    """Every (JITFunction, args, kwargs, grid) that ``fn()`` launches."""
+    launches, original = [], JITFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, dict(kwargs), grid))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    JITFunction.run = spy
+    try:
+        fn()
+    finally:
+        JITFunction.run = original
+    torch.cuda.synchronize()
+    return launches
+
+
+def replays(launch) -> dict:
+    """Three ways to make ``launch`` again: callables by name."""
+    jit, args, kwargs, grid = launch
+    compiled = jit[grid](*args, **kwargs)
+    device = torch.cuda.current_device()
+    binder = jit.device_caches[device][4]
+    bound, _, _ = binder(*args, **kwargs)
+    values = tuple(bound.values())
+    stream = torch.cuda.current_stream().cuda_stream
+    g = tuple(grid) + (1,) * (3 - len(grid))
+
+    def direct():
+        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+
+    descs = [(k, v) for k, v in kwargs.items() if type(v).__name__ == "TensorDescriptor"]
+
+    def rebuild_descriptors():
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        for _, d in descs:
+            TensorDescriptor.from_tensor(d.base, d.block_shape)
+
+    return {"jit": lambda: jit[grid](*args, **kwargs), "compiled.run": direct, "descriptors": rebuild_descriptors}
+
+
+def summary(samples: list[float]) -> dict:
+    q = statistics.quantiles(samples, n=5) if len(samples) > 1 else samples * 4
+    return {"median_us": round(statistics.median(samples), 2), "p20_us": round(q[0], 2), "p80_us": round(q[3], 2)}
+
+
+def measure(problem: str, precision: str, table: str, rounds: int, calls: int) -> dict:
+    prob = registry.get_problem(problem)
+    shape = dict(prob.default_shapes[0])
+    args, kwargs = prob.init_args(shape)
+    module = autofuse.get_module(problem, *args, table=table, precision=precision, tune_on_miss=False, **kwargs).cuda()
+    x = prob.make_input(shape, "rand", torch.Generator().manual_seed(0), "cuda")
+    with torch.no_grad():
+        info = module.dispatch_info(x)
+        module(x)
+    with torch.enable_grad():
+        module(x)
+    variant = module._autofuse.ready[module._autofuse.call_key(module, x)]
+    pieces = {}
+    with torch.no_grad():
+        pieces["module no_grad"] = lambda: module(x)
+        pieces["variant no_grad"] = lambda: variant(module, x)
+        launches = record_launches(lambda: variant(module, x))
+        for i, launch in enumerate(launches):
+            for how, fn in replays(launch).items():
+                pieces[f"launch {i} {launch[0].fn.__name__}: {how}"] = fn
+
+    def grad_call():
+        with torch.enable_grad():
+            module(x)
+
+    pieces["module grad"] = grad_call
+    samples = {name: [] for name in pieces}
+    for r in range(rounds):
+        names = list(pieces)
+        names = names[r % len(names):] + names[: r % len(names)]
+        for name in names:
+            with torch.no_grad():
+                samples[name].append(host_us(pieces[name], calls))
+    return {"problem": problem, "precision": precision, "shape": shape, "dispatch": info["variant"],
+            "params": info.get("params"), "source": info["source"],
+            "pieces": {name: summary(s) for name, s in samples.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--table", default="benchmarks/table.json")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    results = []
+    for problem in args.problems.split(","):
+        try:
+            result = measure(problem, args.precision, args.table, args.rounds, args.calls)
+        except Exception as exc:  # noqa: BLE001 - one problem's failure is reported, the rest still run
+            result = {"problem": problem, "error": f"{type(exc).__name__}: {exc}"[:400]}
+        print(json.dumps(result), flush=True)
+        for name, s in result.get("pieces", {}).items():
+            print(f"  {name:58s} {s['median_us']:8.1f} µs  [{s['p20_us']:.1f}-{s['p80_us']:.1f}]", flush=True)
+        results.append(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

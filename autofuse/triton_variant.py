@@ -213,8 +213,9 @@ class TritonVariant(Variant):
         # TF32 products: at batch 1 (and K = 1) cuBLAS's own TF32 mode evidently multiplies in
         # float32 (eager's error there was under 5e-4 where TF32 products gave 0.08 on 99's
         # gradient), so the tf32 gate's floor is float32's and large inputs failed it at batch 1
-        # (22's gradient 0.0166; gemm_bn eval 2 of 777 outputs; H100), while batches 37 and up passed. The tuner gates them at each
-        # shape it tunes; the nearest-batch fallback must not carry them to shapes nobody checked.
+        # (22's gradient 0.0166; gemm_bn eval 2 of 777 outputs; H100), while batches 37 and up
+        # passed. The tuner gates them at each shape it tunes; the nearest-batch fallback must
+        # not carry them to shapes nobody checked.
         if OPERANDS[params.get("operands", "split_host")][0] == "tf32":
             return f"operands={params['operands']!r} (TF32 products) passes the tf32 gate only at some shapes"
         return None

@@ -141,13 +141,12 @@ def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.
     """(x's operand, x's low part) for ``operands``: one pass over x where they need one (a Triton
     kernel for the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
     if operands in ("split_host", "round_host"):
-        from autofuse.triton_gemm import tf32_parts
-
         split = operands == "split_host"
         hi = torch.empty_like(x)
         lo = torch.empty_like(x) if split else hi
         block = 4096
-        tf32_parts[(-(-x.numel() // block),)](x, hi, lo, x.numel(), SPLIT=split, BLOCK=block, num_warps=8)
+        gemm_kernels().tf32_parts[(-(-x.numel() // block),)](x, hi, lo, x.numel(), SPLIT=split, BLOCK=block,
+                                                              num_warps=8)
         return hi, lo
     if operands == "cast_pass":
         xb = x.bfloat16()
@@ -164,9 +163,21 @@ def fused_kernels_apply(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == device for t in tensors)
 
 
+@functools.cache
 def problem_kernels(problem: str):
-    """``variants/<problem>/triton_kernels.py``, imported on first use (it imports triton)."""
-    return importlib.import_module(f"autofuse.variants.{problem}.triton_kernels")
+    """``variants/<problem>/triton_kernels.py``, imported on first use (it imports triton), its
+    kernels launched through ``autofuse.triton_launch``."""
+    from autofuse.triton_launch import Kernels
+
+    return Kernels(f"autofuse.variants.{problem}.triton_kernels")
+
+
+@functools.cache
+def gemm_kernels():
+    """``autofuse.triton_gemm`` (the shared main loop and ``tf32_parts``), as ``problem_kernels``."""
+    from autofuse.triton_launch import Kernels
+
+    return Kernels("autofuse.triton_gemm")
 
 
 @functools.cache
@@ -224,28 +235,57 @@ class TritonVariant(Variant):
         self.module()
 
     def module(self):
-        """The problem's kernel module, imported on first use (it imports triton)."""
-        if "_module" not in self.__dict__:
-            self._module = importlib.import_module(self.kernels, type(self).__module__.rpartition(".")[0])
-        return self._module
+        """The problem's kernel module, imported on first use (it imports triton), its kernels
+        launched through ``autofuse.triton_launch``."""
+        module = self.__dict__.get("_module")
+        if module is None:
+            from autofuse.triton_launch import Kernels
+
+            module = self._module = Kernels(self.kernels, type(self).__module__.rpartition(".")[0])
+        return module
 
     def main_loop(self, xs: Pair, weights: Pair) -> dict[str, Any]:
         """The keyword arguments every kernel's main loop takes: operands (pointers or TMA
         descriptors), tile sizes, the kernel's MODE, and the launch's warps and stages. ``xs`` and
-        ``weights`` are ``operands()``'s pairs (the operand, and its low part under 3xtf32)."""
-        p = self.params
-        bm, bn, bk = p["block_m"], p["block_n"], p["block_k"]
+        ``weights`` are ``operands()``'s pairs (the operand, and its low part under 3xtf32).
+
+        Operands the kernel does not read are None (the descriptors without TMA, the pointers
+        with it, the low parts but under 3xtf32): Triton makes a None argument a constant, so
+        neither its binding nor the launcher's descriptor encoding costs host time per call.
+        W's descriptors are made once per cached W."""
+        p, constants = self.params, self._loop_constants()
         (x, x_lo), (w, w_lo) = xs, weights
-        descs = (None,) * 4
+        if constants["MODE"] != "3xtf32":
+            x_lo = w_lo = None
         if p["tma"]:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            blocks = ((x, bm), (x_lo, bm), (w, bn), (w_lo, bn))
-            descs = tuple(TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in blocks)
-        return {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": descs[0], "x_lo_desc": descs[1],
-                "w_desc": descs[2], "w_lo_desc": descs[3], "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                "GROUP_M": p["group_m"], "MODE": self.mode(), "TMA": p["tma"], "EVEN_K": x.shape[1] % bk == 0,
-                "INTERPRET": interpreting(), "num_warps": p["warps"], "num_stages": p["stages"]}
+            bk = p["block_k"]
+            cached = self.__dict__.get("_w_descs")
+            if cached is None or cached[0] is not weights:
+                w_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_n"], bk])
+                                for t in (w, w_lo))
+                cached = self._w_descs = (weights, w_descs)
+            x_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_m"], bk])
+                            for t in (x, x_lo))
+            operands = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": x_descs[0],
+                        "x_lo_desc": x_descs[1], "w_desc": cached[1][0], "w_lo_desc": cached[1][1]}
+        else:
+            operands = {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": None, "x_lo_desc": None,
+                        "w_desc": None, "w_lo_desc": None}
+        operands.update(constants, EVEN_K=x.shape[1] % p["block_k"] == 0)
+        return operands
+
+    def _loop_constants(self) -> dict[str, Any]:
+        """The main loop's constants and launch options: the same at every call."""
+        constants = self.__dict__.get("_constants")
+        if constants is None:
+            p = self.params
+            constants = self._constants = {
+                "BLOCK_M": p["block_m"], "BLOCK_N": p["block_n"], "BLOCK_K": p["block_k"], "GROUP_M": p["group_m"],
+                "MODE": self.mode(), "TMA": p["tma"], "INTERPRET": interpreting(), "num_warps": p["warps"],
+                "num_stages": p["stages"]}
+        return constants
 
     def mode(self) -> str:
         """The kernel's MODE for these operands (``OPERANDS``)."""

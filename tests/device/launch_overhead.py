@@ -6,10 +6,10 @@ For each GEMM-bound problem at its default shape, the module from ``get_module``
 entry, and each piece of its call timed on the host alone: ``--calls`` calls in a row with no
 synchronize between them (the GPU is slower, so this is the launch cost, not the kernels'),
 rounds interleaved, median and p20-p80 µs per call. Pieces: the module under no_grad and with
-grad (FusedFunction, logits stored), the variant called directly, its ``operands`` step, and every
-Triton launch the call makes, replayed three ways: through ``JITFunction`` (``kernel[grid](...)``,
-what the variants do), through the ``CompiledKernel`` that launch returned (Triton's binder and
-cache lookup skipped), and its TMA descriptors built alone.
+grad (FusedFunction, logits stored), the variant called directly, and every Triton launch the call
+makes, replayed: through ``JITFunction`` (``kernel[grid](...)``), through autofuse's ``Launcher``
+(what the variants do: the kept ``CompiledKernel`` under its own key), through that
+``CompiledKernel`` alone, and its TMA descriptors built alone.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from triton.runtime.jit import JITFunction
 
 import autofuse
 from autofuse import registry
+from autofuse.triton_launch import Launcher
 
 PROBLEMS = ("matmul_clamp_lse_mish", "matmul_gelu_softmax", "gemm_bn")
 
@@ -41,25 +42,37 @@ def host_us(fn, calls: int) -> float:
 
 
 def record_launches(fn) -> list[tuple]:
-    """Every (JITFunction, args, kwargs, grid) that ``fn()`` launches."""
-    launches, original = [], JITFunction.run
+    """Every (JITFunction, args, kwargs, grid, Launcher or None) that ``fn()`` launches, whether
+    through autofuse's ``Launcher`` or a ``JITFunction`` directly."""
+    launches, original_jit, original_launcher = [], JITFunction.run, Launcher.run
+    inside = []
 
-    def spy(self, *args, grid, warmup, **kwargs):
-        launches.append((self, args, dict(kwargs), grid))
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+    def spy_launcher(self, grid, args, kwargs):
+        launches.append((self.fn, args, dict(kwargs), grid, self))
+        inside.append(True)
+        try:
+            return original_launcher(self, grid, args, kwargs)
+        finally:
+            inside.pop()
 
-    JITFunction.run = spy
+    def spy_jit(self, *args, grid, warmup, **kwargs):
+        if not inside:
+            launches.append((self, args, dict(kwargs), grid, None))
+        return original_jit(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    JITFunction.run, Launcher.run = spy_jit, spy_launcher
     try:
         fn()
     finally:
-        JITFunction.run = original
+        JITFunction.run, Launcher.run = original_jit, original_launcher
     torch.cuda.synchronize()
     return launches
 
 
 def replays(launch) -> dict:
-    """Three ways to make ``launch`` again: callables by name."""
-    jit, args, kwargs, grid = launch
+    """Ways to make ``launch`` again, callables by name: through ``JITFunction``, through autofuse's
+    ``Launcher`` (what the variants do), through the ``CompiledKernel`` alone, and its descriptors."""
+    jit, args, kwargs, grid, launcher = launch
     compiled = jit[grid](*args, **kwargs)
     device = torch.cuda.current_device()
     binder = jit.device_caches[device][4]
@@ -79,7 +92,10 @@ def replays(launch) -> dict:
         for _, d in descs:
             TensorDescriptor.from_tensor(d.base, d.block_shape)
 
-    return {"jit": lambda: jit[grid](*args, **kwargs), "compiled.run": direct, "descriptors": rebuild_descriptors}
+    ways = {"jit": lambda: jit[grid](*args, **kwargs), "compiled.run": direct, "descriptors": rebuild_descriptors}
+    if launcher is not None:
+        ways["launcher"] = lambda: launcher[grid](*args, **kwargs)
+    return ways
 
 
 def summary(samples: list[float]) -> dict:

@@ -130,7 +130,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         work = (None,) * 6  # the strip kernel needs no workspace
         if not lib.af_bn_strip_fits(batch, x.device.index):
             part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=x.device)
-            col_mean, col_coef = torch.empty(2, n_out, device=x.device)
+            col_mean, col_coef = torch.empty(n_out, device=x.device), torch.empty(n_out, device=x.device)
             work = (part_count, part_mean, part_m2, self._arrival_counters(x.device, lib.af_bn_strips(n_out)),
                     col_mean, col_coef)  # fmt: skip
         out = torch.empty_like(z) if save else z

@@ -155,7 +155,7 @@ class GemmBn(GemmKernelVariant):
         row_blocks = self.library(x.device).af_row_blocks(batch)  # blocks along M in this build: a plain int query
         out = torch.empty(batch, n_out, device=x.device)
         part_count, part_mean, part_m2 = torch.empty(3, row_blocks, n_out, device=x.device)
-        col_mean, col_coef = torch.empty(2, n_out, device=x.device)
+        col_mean, col_coef = torch.empty(n_out, device=x.device), torch.empty(n_out, device=x.device)
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
         self.launch("af_gemm_bn_train", x, w, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
                     ops.running_var, out, part_count, part_mean, part_m2, col_mean, col_coef, ops.eps, factor,

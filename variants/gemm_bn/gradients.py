@@ -38,7 +38,8 @@ def column_sums(grad: torch.Tensor, z: torch.Tensor, mean: torch.Tensor) -> tupl
     if fused_kernels_apply(grad, z, mean):
         rows, cols = BACKWARD_BLOCK
         chunks = -(-grad.shape[0] // rows)
-        part_g, part_gc = torch.empty(2, chunks, grad.shape[1], device=grad.device)
+        part_g = torch.empty(chunks, grad.shape[1], device=grad.device)
+        part_gc = torch.empty_like(part_g)
         problem_kernels("gemm_bn").column_grad_sums[(chunks, -(-grad.shape[1] // cols))](
             grad, z, mean, part_g, part_gc, grad.shape[0], grad.shape[1], BLOCK_R=rows, BLOCK_C=cols)
         return part_g.sum(0), part_gc.sum(0)

@@ -77,7 +77,8 @@ class TritonGemmBn(TritonVariant):
         kernels, tile_m = self.module(), self.params["block_m"]
         row_tiles = -(-batch // tile_m)
         z = torch.empty(batch, n_out, device=x.device)
-        part_mean, part_m2 = torch.empty(2, row_tiles, n_out, device=x.device)
+        part_mean = torch.empty(row_tiles, n_out, device=x.device)
+        part_m2 = torch.empty_like(part_mean)
         kernels.gemm_column_partials[self.grid(x, n_out)](
             **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2,
             M=batch, N=n_out, K=n_in)

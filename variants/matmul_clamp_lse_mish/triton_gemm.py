@@ -43,12 +43,14 @@ class TritonClampLseMish(TritonVariant):
         kernels = self.module()
         parts = -(-n_out // self.params["block_n"])
         y = torch.empty(batch, n_out, device=x.device) if save else b  # b: an unused pointer
-        part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
+        part_max = torch.empty(batch, parts, device=x.device)
+        part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
         kernels.gemm_clamp_lse_partials[self.grid(x, n_out)](
             **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, part_max_ptr=part_max, part_sum_ptr=part_sum,
             t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save)
-        z, out = torch.empty(2, batch, 1, device=x.device)
+        z = torch.empty(batch, 1, device=x.device)
+        out = torch.empty_like(z)
         kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, parts,
                                                               BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(parts))
         return out, ((x, w, b, y, None, z) if save else ())

@@ -34,7 +34,8 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
         parts = -(-n_out // self.params["block_n"])
         logits = torch.empty(batch, n_out, device=x.device)
         y = torch.empty(batch, n_out, device=x.device) if save else logits
-        part_max, part_sum = torch.empty(2, batch, parts, device=x.device)
+        part_max = torch.empty(batch, parts, device=x.device)
+        part_sum = torch.empty_like(part_max)
         kernels.gemm_gelu_partials[self.grid(x, n_out)](
             **self.main_loop(xs, weights), bias_ptr=b, logits_ptr=logits, y_ptr=y, part_max_ptr=part_max,
             part_sum_ptr=part_sum, M=batch, N=n_out, K=n_in, SAVE_Y=save)

@@ -1,0 +1,124 @@
+"""The Triton launcher that skips Triton's per-call binding: same kernel, same arguments, or the
+JIT path. On the CPU, with the compiled kernel and the driver replaced by recorders; the GPU
+tests (test_triton_gpu.py) run every variant through it for real."""
+
+import importlib
+
+import pytest
+import torch
+
+from autofuse.triton_variant import triton_missing
+
+pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
+
+
+class FakeKernel:
+    """A CompiledKernel that records its launches."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self):
+        self.launches = []
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_, *args):
+        assert (function, metadata, launch_metadata, enter, exit_) == ("function", "metadata", None, None, None)
+        self.launches.append(((g0, g1, g2), stream, args))
+
+
+class FakeDriver:
+    class active:  # noqa: N801 - mirrors triton.runtime.driver.active
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 77)
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    """(a Launcher of the real ``tf32_parts`` whose JIT path is recorded, the JIT calls, the kernel)."""
+    from triton.runtime.jit import JITFunction
+
+    from autofuse import triton_launch
+
+    gemm = importlib.import_module("autofuse.triton_gemm")
+    if not isinstance(gemm.tf32_parts, JITFunction):
+        pytest.skip("autofuse.triton_gemm was imported under TRITON_INTERPRET=1 in this process")
+    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
+    kernel, jit_calls = FakeKernel(), []
+
+    def jit_run(*args, grid, warmup, **kwargs):
+        jit_calls.append((grid, args, kwargs))
+        return kernel
+
+    fn = gemm.tf32_parts  # (src_ptr, hi_ptr, lo_ptr, n, SPLIT: constexpr, BLOCK: constexpr)
+    monkeypatch.setattr(fn, "run", jit_run)
+    return triton_launch.Launcher(fn), jit_calls, kernel
+
+
+def test_a_repeated_call_launches_the_kept_kernel_with_arguments_in_parameter_order(launcher):
+    launch, jit_calls, kernel = launcher
+    src, hi, lo = torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    launch[(3,)](src, hi, lo, 64, SPLIT=True, BLOCK=32, num_warps=4)
+    assert len(jit_calls) == 1 and kernel.launches == []
+    new_src = torch.ones(64)  # another tensor, same dtype and alignment: the same compiled kernel
+    launch[(3,)](new_src, hi, lo, 64, BLOCK=32, SPLIT=True, num_warps=4)
+    assert len(jit_calls) == 1
+    (grid, stream, args), = kernel.launches
+    assert grid == (3, 1, 1) and stream == 77
+    assert args[0] is new_src and args[1] is hi and args[2] is lo and args[3:] == (64, True, 32)
+
+
+@pytest.mark.parametrize("change", ["int value", "constexpr", "option", "dtype", "alignment", "int vs bool"])
+def test_anything_triton_specializes_on_goes_back_to_the_jit_path(launcher, change):
+    launch, jit_calls, kernel = launcher
+    base = torch.zeros(65)
+    args, kwargs = [base[:64], torch.zeros(64), torch.zeros(64), 64], {"SPLIT": True, "BLOCK": 32, "num_warps": 4}
+    launch[(1,)](*args, **kwargs)
+    if change == "int value":
+        args[3] = 63  # 64 % 16 == 0 is compiled in; 63's is not
+    elif change == "constexpr":
+        kwargs["BLOCK"] = 64
+    elif change == "option":
+        kwargs["num_warps"] = 8
+    elif change == "dtype":
+        args[0] = torch.zeros(64, dtype=torch.float64)
+    elif change == "alignment":
+        args[0] = base[1:]  # 4 bytes past a 16-byte boundary
+    elif change == "int vs bool":
+        kwargs["SPLIT"] = 1
+    launch[(1,)](*args, **kwargs)
+    assert len(jit_calls) == 2 and kernel.launches == []
+
+
+def test_launch_hooks_and_callable_grids_take_the_jit_path(launcher):
+    from triton import knobs
+
+    launch, jit_calls, kernel = launcher
+    args = (torch.zeros(8), torch.zeros(8), torch.zeros(8), 8)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    launch[lambda meta: (1,)](*args, SPLIT=False, BLOCK=8)
+    assert len(jit_calls) == 3 and kernel.launches == []
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    assert len(kernel.launches) == 1
+
+
+def test_a_missing_argument_is_triton_s_own_error(launcher):
+    launch, jit_calls, _ = launcher
+    launch[(1,)](torch.zeros(8), torch.zeros(8), torch.zeros(8), 8, SPLIT=False)  # BLOCK missing
+    assert len(jit_calls) == 1  # the JIT path got it, and raises there for a real kernel
+
+
+def test_kernels_wraps_jit_functions_and_passes_everything_else_through():
+    from triton.runtime.jit import JITFunction
+
+    from autofuse.triton_launch import Kernels, Launcher
+
+    module = importlib.import_module("autofuse.triton_gemm")
+    kernels = Kernels("autofuse.triton_gemm")
+    assert isinstance(kernels.tf32_parts, Launcher) == isinstance(module.tf32_parts, JITFunction)
+    assert kernels.row_block is module.row_block
+    assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once

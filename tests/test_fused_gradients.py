@@ -1,17 +1,18 @@
 """The fused variants' backward rules (variants/<problem>/gradients.py), checked on the CPU.
 
-Each rule runs inside ``autofuse.autograd.FusedFunction`` behind the problem's forward written
-in torch (``torch_forward``): ``torch.autograd.gradcheck`` in float64 checks the rule against
-finite differences, and a comparison with the reference model's own autograd checks the cases
-finite differences cannot see (clamped logits, a recomputed intermediate, BatchNorm's bias).
-The CUDA and Triton forwards save the same tensors; the gate checks their gradients on the GPU.
+Each rule runs through ``autofuse.autograd.fused_call`` (its ``FusedFunction``) behind the
+problem's forward written in torch (``torch_forward``): ``torch.autograd.gradcheck`` in float64
+checks the rule against finite differences, and a comparison with the reference model's own
+autograd checks the cases finite differences cannot see (clamped logits, a recomputed
+intermediate, BatchNorm's bias). The CUDA and Triton forwards save the same tensors; the gate
+checks their gradients on the GPU.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import FusedFunction, FusedOp, backward_gemms, fused_call, needs_grad
+from autofuse.autograd import FusedOp, backward_gemms, fused_call, needs_grad
 from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 from autofuse.variants.gemm_bn import gradients as gbn
 from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
@@ -29,7 +30,7 @@ def _leaf(*shape, scale=1.0, seed=0):
 
 
 def _gradcheck(op, *inputs):
-    assert torch.autograd.gradcheck(lambda *a: FusedFunction.apply(op, *a), inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+    assert torch.autograd.gradcheck(lambda *a: fused_call(op, *a), inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -80,7 +81,7 @@ def test_gemm_avgpool_rule_matches_finite_differences_in_the_parameters():
         return x + F.gelu(torch.addmv(offset, x, w_mean))[:, None], (x, w_mean, offset)
 
     op = g51.fused_op(forward, "fp32", n_out)
-    assert torch.autograd.gradcheck(lambda *p: FusedFunction.apply(op, x, *p),
+    assert torch.autograd.gradcheck(lambda *p: fused_call(op, x, *p),
                                     (_leaf(n_out, 6, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3)))
 
 
@@ -155,7 +156,7 @@ def test_clamp_lse_mish_rule_recomputes_z_and_matches_eager_where_values_clamp()
 def test_batchnorm_bias_gradient_is_exactly_zero_in_training_mode():
     op = gbn.train_op(gbn.torch_train_forward("fp32", 1e-5), "fp32", 1e-5)
     bias = _leaf(3, seed=2)
-    out = FusedFunction.apply(op, _leaf(4, 5), _leaf(3, 5, seed=1), bias, _leaf(3, seed=3), None, None)
+    out = fused_call(op, _leaf(4, 5), _leaf(3, 5, seed=1), bias, _leaf(3, seed=3), None, None)
     out.backward(torch.randn_like(out))
     assert torch.equal(bias.grad, torch.zeros_like(bias))
 
@@ -175,6 +176,25 @@ def test_no_autograd_node_and_nothing_saved_without_a_gradient():
     assert fused_call(op, x).grad_fn is not None
     assert calls == [False, False, True]
     assert not needs_grad(None, x.detach()) and needs_grad(None, x)
+
+
+def test_with_a_gradient_the_forward_runs_untracked_before_its_node_is_recorded():
+    """fused_call queues the kernels first, then records the node: the forward must not build a
+    graph of its own (grad mode off inside it) and the output's node must be FusedFunction's."""
+    seen = []
+
+    def forward(x, w, save):
+        seen.append((torch.is_grad_enabled(), save))
+        out = x * w
+        return out, (x, w)
+
+    op = FusedOp(forward, lambda saved, grad, needs: (grad * saved[1], grad * saved[0]), "fp32")
+    x, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    out = fused_call(op, x, w)
+    assert seen == [(False, True)]
+    assert type(out.grad_fn).__name__ == "FusedFunctionBackward"
+    out.sum().backward()
+    assert torch.equal(x.grad, w.detach()) and torch.equal(w.grad, x.detach())
 
 
 def test_the_backward_runs_at_the_forward_precision():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import pathlib
 
 from autofuse.bench_targets import FLOOR, FORWARD, TRAINING, Target, target_for
@@ -213,7 +214,10 @@ def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path
                          f"{f'{floor:.2f}' if floor else '-'} | {row.note} |")
         lines.append("")
     for chart in charts:
-        lines.append(f"![{chart.stem}]({chart.relative_to(relative_to).as_posix()})")
+        # relpath, not Path.relative_to: a --markdown outside the charts' folder tree (/tmp/x.md
+        # with charts in ./benchmarks) needs "../" steps, which relative_to raised on.
+        link = pathlib.Path(os.path.relpath(chart.resolve(), relative_to.resolve())).as_posix()
+        lines.append(f"![{chart.stem}]({link})")
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,9 @@ def test_bench_measures_baselines_variants_dispatch_and_floor(tmp_path):
     assert {r["candidate"] for r in data["rows"]} == set(roles)
     text = markdown([report], "autofuse bench x", charts, tmp_path)
     assert "| simplified | - |" in text and "CPU cores" in text
+    assert f"![{charts[0].stem}](out/{charts[0].name})" in text
+    elsewhere = markdown([report], "autofuse bench x", charts, tmp_path / "docs")  # a page outside the charts' tree
+    assert f"![{charts[0].stem}](../out/{charts[0].name})" in elsewhere
 
 
 def test_an_incorrect_variant_is_reported_not_timed(tmp_path, monkeypatch):

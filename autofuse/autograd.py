@@ -69,9 +69,10 @@ def fused_call(op: FusedOp, *inputs: torch.Tensor | None) -> torch.Tensor:
 
     With a gradient needed the forward runs first (under no_grad, as inside an autograd
     Function) and its node is recorded after: the kernels are queued before ``Function.apply``'s
-    host time, which then overlaps them instead of delaying them. A caller that synchronizes
-    around each call (KernelBench's harness) saw that delay: grad mode was 4-5% slower than
-    no_grad on 22 and 99 (tests/device/NOTES.md)."""
+    host time (~30 µs), which then overlaps them instead of delaying them for a caller that
+    synchronizes around each call (KernelBench's harness). The harness's grad/no-grad ratio
+    stayed ~0.95 on 22 and 99 all the same: what is left is the GEMM storing the logits the
+    backward needs (tests/device/NOTES.md, fourth session)."""
     if needs_grad(*inputs):
         with torch.no_grad():
             result = op.forward(*inputs, save=True)

@@ -122,3 +122,39 @@ def test_kernels_wraps_jit_functions_and_passes_everything_else_through():
     assert isinstance(kernels.tf32_parts, Launcher) == isinstance(module.tf32_parts, JITFunction)
     assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
+
+
+def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkeypatch):
+    """Triton compiles a descriptor's dtype and block shape in, and takes its base, shape and
+    strides at launch: another block shape goes back to the JIT path, another tensor does not.
+    (M stays 40 here: an int is keyed by its value, stricter than Triton.)"""
+    from triton.runtime.jit import JITFunction
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from autofuse import triton_launch
+
+    kernels = importlib.import_module("autofuse.variants.matmul_clamp_lse_mish.triton_kernels")
+    fn = kernels.gemm_clamp_lse_partials
+    if not isinstance(fn, JITFunction):
+        pytest.skip("the kernels were imported under TRITON_INTERPRET=1 in this process")
+    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
+    kernel, jit_calls = FakeKernel(), []
+    monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(kwargs) or kernel)
+    launch = triton_launch.Launcher(fn)
+
+    def call(x, w, block_k):
+        launch[(4,)](x_ptr=None, x_lo_ptr=None, w_ptr=None, w_lo_ptr=None,
+                     x_desc=TensorDescriptor.from_tensor(x, [16, block_k]), x_lo_desc=None,
+                     w_desc=TensorDescriptor.from_tensor(w, [16, block_k]), w_lo_desc=None,
+                     bias_ptr=torch.zeros(48), y_ptr=torch.zeros(48), part_max_ptr=torch.zeros(40, 3),
+                     part_sum_ptr=torch.zeros(40, 3), t=2.0, lo=-1.0, hi=1.0, M=40, N=48, K=64, BLOCK_M=16,
+                     BLOCK_N=16, BLOCK_K=16, GROUP_M=2, MODE="tf32", TMA=True, EVEN_K=True, INTERPRET=False,
+                     SAVE_Y=False, num_warps=4, num_stages=2)
+
+    call(torch.zeros(40, 64), torch.zeros(48, 64), 16)
+    call(torch.ones(24, 64), torch.ones(48, 64), 16)  # other tensors, another descriptor shape: launch arguments
+    assert len(jit_calls) == 1 and len(kernel.launches) == 1
+    args = kernel.launches[0][2]
+    assert args[fn.arg_names.index("x_desc")].base.shape == (24, 64)
+    call(torch.zeros(40, 64), torch.zeros(48, 64), 32)  # another block shape: compiled in
+    assert len(jit_calls) == 2

@@ -3,6 +3,7 @@ JIT path. On the CPU, with the compiled kernel and the driver replaced by record
 tests (test_triton_gpu.py) run every variant through it for real."""
 
 import importlib
+import sys
 
 import pytest
 import torch
@@ -31,6 +32,16 @@ class FakeDriver:
         get_current_stream = staticmethod(lambda device: 77)
 
 
+def compiled_module(monkeypatch, name: str):
+    """``name`` imported anew with Triton's interpreter off, so its kernels are ``JITFunction``s
+    (another test of this session may have imported it under TRITON_INTERPRET=1); the modules
+    imported before are put back after the test."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for module in {"autofuse.triton_gemm", name}:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return importlib.import_module(name)
+
+
 @pytest.fixture
 def launcher(monkeypatch):
     """(a Launcher of the real ``tf32_parts`` whose JIT path is recorded, the JIT calls, the kernel)."""
@@ -38,9 +49,8 @@ def launcher(monkeypatch):
 
     from autofuse import triton_launch
 
-    gemm = importlib.import_module("autofuse.triton_gemm")
-    if not isinstance(gemm.tf32_parts, JITFunction):
-        pytest.skip("autofuse.triton_gemm was imported under TRITON_INTERPRET=1 in this process")
+    gemm = compiled_module(monkeypatch, "autofuse.triton_gemm")
+    assert isinstance(gemm.tf32_parts, JITFunction)
     monkeypatch.setattr(triton_launch, "driver", FakeDriver)
     kernel, jit_calls = FakeKernel(), []
 
@@ -112,14 +122,12 @@ def test_a_missing_argument_is_triton_s_own_error(launcher):
     assert len(jit_calls) == 1  # the JIT path got it, and raises there for a real kernel
 
 
-def test_kernels_wraps_jit_functions_and_passes_everything_else_through():
-    from triton.runtime.jit import JITFunction
-
+def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypatch):
     from autofuse.triton_launch import Kernels, Launcher
 
-    module = importlib.import_module("autofuse.triton_gemm")
+    module = compiled_module(monkeypatch, "autofuse.triton_gemm")
     kernels = Kernels("autofuse.triton_gemm")
-    assert isinstance(kernels.tf32_parts, Launcher) == isinstance(module.tf32_parts, JITFunction)
+    assert isinstance(kernels.tf32_parts, Launcher)
     assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
 
@@ -133,10 +141,9 @@ def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkey
 
     from autofuse import triton_launch
 
-    kernels = importlib.import_module("autofuse.variants.matmul_clamp_lse_mish.triton_kernels")
+    kernels = compiled_module(monkeypatch, "autofuse.variants.matmul_clamp_lse_mish.triton_kernels")
     fn = kernels.gemm_clamp_lse_partials
-    if not isinstance(fn, JITFunction):
-        pytest.skip("the kernels were imported under TRITON_INTERPRET=1 in this process")
+    assert isinstance(fn, JITFunction)
     monkeypatch.setattr(triton_launch, "driver", FakeDriver)
     kernel, jit_calls = FakeKernel(), []
     monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(kwargs) or kernel)

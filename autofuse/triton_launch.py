@@ -16,6 +16,9 @@ kernel Triton would have picked, and a miss goes through ``JITFunction`` (compil
 must) and remembers what it returned. It steps aside for launch hooks (profilers), pre-run hooks,
 a callable grid, and Triton's interpreter (whose kernels are not ``JITFunction``s). Triton's
 process-wide debug and instrumentation settings are read at a key's first launch only.
+
+Measured on the H100 (fourth session): a GEMM launch 24-34 µs through it, 35-37 through
+``JITFunction``; with the rest of that commit, 22's call 227 -> 130-142 µs of host time.
 """
 
 from __future__ import annotations

@@ -11,16 +11,7 @@ import concurrent.futures
 import json
 import sys
 
-
-def entries(node, path=()):
-    """(problem, variant, precision, params) of every entry under ``node``."""
-    if isinstance(node, dict) and "variant" in node and "params" in node:
-        problem = path[path.index("problems") + 1] if "problems" in path else None
-        precision = next((p.split("=")[1] for p in path[-1].split(",") if p.startswith("precision=")), "fp32")
-        yield problem, node["variant"], precision, node["params"]
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            yield from entries(value, path + (key,))
+from autofuse.table import DispatchKey, DispatchTable
 
 
 def build(job) -> str:
@@ -41,10 +32,13 @@ def main() -> int:
     ap.add_argument("--problems")
     args = ap.parse_args()
     wanted = set(args.problems.split(",")) if args.problems else None
-    jobs = {json.dumps(e, sort_keys=True): e for e in entries(json.load(open(args.table)))
-            if wanted is None or e[0] in wanted}
+    jobs = {}
+    for _, problem, _, dkey, entry in DispatchTable(args.table).entries():
+        if "variant" in entry and (wanted is None or problem in wanted):
+            job = (problem, entry["variant"], DispatchKey.from_str(dkey).precision, entry.get("params", {}))
+            jobs[json.dumps(job, sort_keys=True)] = job
     with concurrent.futures.ProcessPoolExecutor(max_workers=16) as pool:
-        for job, done in zip(jobs.values(), pool.map(build, jobs.values())):
+        for done in pool.map(build, jobs.values()):
             print(done, flush=True)
     return 0
 

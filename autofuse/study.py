@@ -5,7 +5,8 @@ width...) a categorical of its own conditional on it, so TPE can learn which val
 parameter pay off (one categorical over a 430-point space is no better than random search).
 A suggested combination that is not a valid configuration is projected onto the nearest valid
 one (fewest steps along each parameter's sorted values), so no trial is spent on an impossible
-configuration. Every applicable variant's default configuration is enqueued first.
+configuration. The configurations the table already holds for the key are enqueued first, then
+every applicable variant's default configuration.
 Studies live in a journal file under ``$AUTOFUSE_HOME`` or in a storage that several
 processes and machines share (``autofuse.storage``), so an interrupted tune resumes where it
 stopped. The study's name holds nothing process-specific (no seed), so cooperating processes
@@ -64,16 +65,28 @@ def open_study(name: str, seed: int, storage=None) -> optuna.Study:
                                direction="minimize", load_if_exists=True)
 
 
-def enqueue_defaults(study: optuna.Study, spaces: dict[str, list[dict]]) -> None:
-    """Enqueue each variant's default configuration, once per study (not again on resume).
+def enqueue_defaults(study: optuna.Study, spaces: dict[str, list[dict]],
+                     first: list[tuple[str, dict]] = ()) -> None:
+    """Enqueue ``first`` (variant, configuration) pairs, then each variant's default
+    configuration, once per study (not again on resume).
 
-    Two processes opening a new study at once may both enqueue: the search skips a
-    configuration that is measured or being measured elsewhere, so nothing is measured twice.
+    ``first`` is what the table already holds for this key: a retune with a different set of
+    variants (a new study) measures the recorded winner again before anything else, so a
+    short retune cannot replace it with a worse configuration of the same variant that it
+    never drew. Pairs outside ``spaces`` are skipped. Two processes opening a new study at once
+    may both enqueue: the search skips a configuration that is measured or being measured
+    elsewhere, so nothing is measured twice.
     """
     if study.trials:
         return
-    for name, configs in spaces.items():
-        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in configs[0].items()}}, skip_if_exists=True)
+    wanted = [(name, config) for name, config in first if config in spaces.get(name, ())]
+    wanted += [(name, configs[0]) for name, configs in spaces.items()]
+    seen = []
+    for name, config in wanted:
+        if (name, config) in seen:
+            continue
+        seen.append((name, config))
+        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in config.items()}}, skip_if_exists=True)
 
 
 def suggest(trial: optuna.Trial, spaces: dict[str, list[dict]]) -> tuple[str, dict]:

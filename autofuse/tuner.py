@@ -131,8 +131,11 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     return spaces
 
 
-def _open(prob, shape, settings, plan):
-    """The shape's search space, job, fingerprint, dispatch key, study name and study."""
+def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
+    """The shape's search space, job, fingerprint, dispatch key, study name and study.
+
+    A new study measures first what ``table`` holds for the key (see ``enqueue_defaults``).
+    """
     spaces = _spaces(prob, shape, settings, plan.variants)
     job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
     # Read in this process: a rerun whose trials are all done then never starts a worker.
@@ -142,7 +145,7 @@ def _open(prob, shape, settings, plan):
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
     study = studies.open_study(name, settings["seed"], plan.backend)
-    studies.enqueue_defaults(study, spaces)
+    studies.enqueue_defaults(study, spaces, _recorded_configs(table, fingerprint, prob, shape, key))
     return spaces, job, fingerprint, key, name, study
 
 
@@ -151,7 +154,7 @@ def _total(plan: Plan, spaces: dict) -> int:
 
 
 def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
-    spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan)
+    spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan, table)
     total = _total(plan, spaces)
     before = len(studies.finished(study))
     label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
@@ -199,6 +202,21 @@ def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
     if entry is None or (autograd_entry and grad is None):
         return None
     return entry, grad
+
+
+def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, dict]]:
+    """(variant, params) of the forward and autograd entries ``table`` holds for the key."""
+    if table is None:
+        return []
+    configs = []
+    for k in (key, dataclasses.replace(key, autograd=True)):
+        try:
+            entry = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)
+        except TableError:
+            return configs  # a corrupt table is reported when the result is recorded
+        if entry is not None:
+            configs.append((entry["variant"], dict(entry.get("params") or {})))
+    return configs
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:

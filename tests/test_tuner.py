@@ -128,6 +128,28 @@ def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_pa
     assert again.winner == first.winner and again.grad_winner == first.grad_winner
 
 
+def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_path):
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=2, progress=False, autograd_entry=False)
+    [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["simplified"], **kwargs)
+    assert first.winner["variant"] == "simplified"
+    # A new study (other variants); its one trial would be eager's default if nothing came first.
+    [again] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["eager", "simplified"], n_trials=1, **kwargs)
+    measured = {row.variant: row.trials for row in again.rows}
+    assert measured == {"eager": 0, "simplified": 1}, measured
+
+
+def test_recorded_configurations_come_first_once_and_only_from_the_space():
+    import optuna
+
+    from autofuse import study as studies
+
+    spaces = {"a": [{"k": 1}, {"k": 2}], "b": [{}]}
+    study = optuna.create_study()
+    studies.enqueue_defaults(study, spaces, [("a", {"k": 2}), ("gone", {}), ("a", {"k": 9}), ("a", {"k": 2})])
+    drawn = [studies.suggest(study.ask(), spaces) for _ in range(3)]
+    assert drawn == [("a", {"k": 2}), ("a", {"k": 1}), ("b", {})]
+
+
 class _RecordUpstream(torch.autograd.Function):
     """The identity, whose backward records the upstream gradient it is given."""
 

@@ -316,8 +316,14 @@ def check_status(lib: ctypes.CDLL, status: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {status} ({name.decode() if name else 'unknown'})")
 
 
-def stream_handle(device) -> ctypes.c_void_p:
-    """torch's current stream on `device`, as the cudaStream_t a launcher takes."""
+def stream_handle(device) -> int:
+    """torch's current stream on `device` (a torch.device or an index), as the cudaStream_t a
+    launcher takes.
+
+    The raw handle, as Triton's and inductor's launchers take it: ``torch.cuda.current_stream``
+    builds a ``Stream`` object to read one attribute off it, on every launch.
+    """
     import torch
 
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+    index = device if isinstance(device, int) else device.index
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)

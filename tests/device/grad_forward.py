@@ -56,20 +56,28 @@ def paired_rounds(model, model_new, inputs, rounds: int, trials: int = 20) -> di
     round: ModelNew then Model, ``trials`` harness calls each, per mode), so drift of the host or the
     clocks hits both modes alike. Medians and p20-p80 over rounds of each speedup and of their
     ratio grad / no_grad (issue 13's target: ≥ 1 within the noise)."""
-    speedup = {True: [], False: []}
+    speedup, calls = {True: [], False: []}, {True: [], False: []}
     for r in range(rounds):
         for grad in ((True, False) if r % 2 == 0 else (False, True)):
             with torch.set_grad_enabled(grad):
-                new = statistics.fmean(harness.time_calls(model_new, inputs, trials, "cuda"))
+                times = harness.time_calls(model_new, inputs, trials, "cuda")
                 ref = statistics.fmean(harness.time_calls(model, inputs, trials, "cuda"))
-            speedup[grad].append(ref / new)
+            speedup[grad].append(ref / statistics.fmean(times))
+            calls[grad] += times
     ratio = [g / n for g, n in zip(speedup[True], speedup[False])]
+
+    def trials_ms(values):
+        # The harness averages: a few slow calls move its number more than the typical one.
+        q = statistics.quantiles(values, n=10)
+        return {"mean": round(statistics.fmean(values), 4), "p10": round(q[0], 4), "median": round(statistics.median(values), 4),
+                "p90": round(q[8], 4), "max": round(max(values), 4)}
 
     def spread(values):
         q = statistics.quantiles(values, n=5)
         return {"median": round(statistics.median(values), 4), "p20": round(q[0], 4), "p80": round(q[3], 4)}
     return {"rounds": rounds, "speedup_grad": spread(speedup[True]), "speedup_no_grad": spread(speedup[False]),
-            "grad_over_no_grad": spread(ratio)}
+            "grad_over_no_grad": spread(ratio), "model_new_ms_grad": trials_ms(calls[True]),
+            "model_new_ms_no_grad": trials_ms(calls[False])}
 
 
 def host_profile(fn, inputs, calls=50, top=14) -> str:

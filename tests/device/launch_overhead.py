@@ -1,4 +1,4 @@
-"""Where the host's time goes in one call of a tuned Triton variant (issue 13: grad mode vs no_grad).
+"""Where the host's time goes in one call of a tuned variant (issue 13: grad mode vs no_grad).
 
     python3 tests/device/launch_overhead.py --table benchmarks/table.json [--precision fp32] [--json out.json]
 
@@ -9,7 +9,12 @@ rounds interleaved, median and p20-p80 µs per call. Pieces: the module under no
 grad (FusedFunction, logits stored), the variant called directly, and every Triton launch the call
 makes, replayed: through ``JITFunction`` (``kernel[grid](...)``), through autofuse's ``Launcher``
 (what the variants do: the kept ``CompiledKernel`` under its own key), through that
-``CompiledKernel`` alone, and its TMA descriptors built alone.
+``CompiledKernel`` alone, and its TMA descriptors built alone. Every launch of a CUDA variant (``CudaVariant.launch``), replayed
+as the variant makes it and as a bare ctypes call; beside them torch's pieces of any call: the
+current stream as a ``Stream`` object and as a raw handle, ``empty_like`` of the input, and the
+variant's cached folded weights where it keeps them (51).
+
+    python3 tests/device/launch_overhead.py --problems gemm_avgpool_gelu_residual   # 51: CUDA launches
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ import triton
 from triton.runtime.jit import JITFunction
 
 import autofuse
-from autofuse import registry
+from autofuse import build, registry
+from autofuse.cuda_variant import CudaVariant
 from autofuse.triton_launch import Launcher
 
-PROBLEMS = ("matmul_clamp_lse_mish", "matmul_gelu_softmax", "gemm_bn")
+PROBLEMS = ("matmul_clamp_lse_mish", "matmul_gelu_softmax", "gemm_bn", "gemm_avgpool_gelu_residual")
 
 
 def host_us(fn, calls: int) -> float:
@@ -67,6 +73,33 @@ def record_launches(fn) -> list[tuple]:
         JITFunction.run, Launcher.run = original_jit, original_launcher
     torch.cuda.synchronize()
     return launches
+
+
+def record_cuda_launches(fn) -> list[tuple]:
+    """Every (variant, launcher name, args, device) that ``fn()`` launches through ``CudaVariant.launch``."""
+    launches, original = [], CudaVariant.launch
+
+    def spy(self, name, *args, device):
+        launches.append((self, name, args, device))
+        return original(self, name, *args, device=device)
+
+    CudaVariant.launch = spy
+    try:
+        fn()
+    finally:
+        CudaVariant.launch = original
+    torch.cuda.synchronize()
+    return launches
+
+
+def cuda_replays(launch) -> dict:
+    """``launch`` again through ``CudaVariant.launch``, and as the bare ctypes call it makes."""
+    variant, name, args, device = launch
+    function = getattr(variant.library(device), name)
+    converted = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    stream = build.stream_handle(device)
+    return {"CudaVariant.launch": lambda: variant.launch(name, *args, device=device),
+            "ctypes alone": lambda: function(*converted, stream)}
 
 
 def replays(launch) -> dict:
@@ -119,10 +152,19 @@ def measure(problem: str, precision: str, table: str, rounds: int, calls: int) -
     with torch.no_grad():
         pieces["module no_grad"] = lambda: module(x)
         pieces["variant no_grad"] = lambda: variant(module, x)
+        pieces["variant.forward no_grad (no math_mode)"] = lambda: variant.forward(module, x)
         launches = record_launches(lambda: variant(module, x))
         for i, launch in enumerate(launches):
             for how, fn in replays(launch).items():
                 pieces[f"launch {i} {launch[0].fn.__name__}: {how}"] = fn
+        for i, launch in enumerate(record_cuda_launches(lambda: variant(module, x))):
+            for how, fn in cuda_replays(launch).items():
+                pieces[f"cuda launch {i} {launch[1]}: {how}"] = fn
+        if hasattr(variant, "folded"):
+            pieces["variant.folded (cached)"] = lambda: variant.folded(module, x.device)
+        pieces["torch.cuda.current_stream().cuda_stream"] = lambda: torch.cuda.current_stream(x.device).cuda_stream
+        pieces["raw stream handle"] = lambda: build.stream_handle(x.device)
+        pieces["torch.empty_like(x)"] = lambda: torch.empty_like(x)
 
     def grad_call():
         with torch.enable_grad():

@@ -316,14 +316,16 @@ def check_status(lib: ctypes.CDLL, status: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {status} ({name.decode() if name else 'unknown'})")
 
 
-def stream_handle(device) -> int:
+def stream_handle(device) -> ctypes.c_void_p:
     """torch's current stream on `device` (a torch.device or an index), as the cudaStream_t a
     launcher takes.
 
-    The raw handle, as Triton's and inductor's launchers take it: ``torch.cuda.current_stream``
-    builds a ``Stream`` object to read one attribute off it, on every launch.
+    Read raw, as Triton's and inductor's launchers read it: ``torch.cuda.current_stream``
+    builds a ``Stream`` object to read one attribute off it (7.1 µs against 0.9, H100 host).
+    A ``c_void_p``, not the int: a launcher called without declared argtypes would get a
+    truncated 32-bit int.
     """
     import torch
 
     index = device if isinstance(device, int) else device.index
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
+    return ctypes.c_void_p(torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index))

@@ -83,8 +83,9 @@ class CudaVariant(Variant):
         """
         launcher = getattr(self.library(device), name)
         converted = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index == torch.cuda.current_device():
+        current = torch.cuda.current_device()
+        index = current if device.index is None else device.index
+        if index == current:
             status = launcher(*converted, builder.stream_handle(index))
         else:
             with torch.cuda.device(index):

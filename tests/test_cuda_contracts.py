@@ -31,3 +31,69 @@ def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
             if issubclass(cls, CudaVariant):
                 assert cls.devices == ("cuda",) and cls.dtypes == (torch.float32,) and cls.supports_autograd, name
                 assert cls.admits("cpu", torch.float32, "fp32", False) is not None
+
+
+class _FakeLibrary:
+    """Records each launch: its arguments and the device current while it ran."""
+
+    def __init__(self, current, status=0):
+        self.current, self.status, self.calls = current, status, []
+
+    def af_step(self, *args):
+        self.calls.append((args, self.current[0]))
+        return self.status
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's device and stream as the launch path reads them, with no GPU."""
+    import contextlib
+
+    from autofuse import build
+
+    current = [0]
+    guards = []
+
+    @contextlib.contextmanager
+    def device(index):
+        guards.append(index)
+        saved, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = saved
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(build, "stream_handle", lambda index: f"stream of {index}")
+    return current, guards
+
+
+def _variant_with(lib):
+    variant = CudaVariant.__new__(CudaVariant)
+    variant.problem, variant.name, variant._lib = "p", "v", lib
+    return variant
+
+
+@pytest.mark.parametrize("index, guarded", [(0, []), (None, []), (1, [1])])
+def test_a_launch_runs_on_its_device_and_stream_and_guards_only_another_device(fake_cuda, index, guarded):
+    current, guards = fake_cuda
+    lib = _FakeLibrary(current)
+    tensor = torch.zeros(3)
+    _variant_with(lib).launch("af_step", tensor, 7, device=torch.device("cuda", index) if index is not None
+                              else torch.device("cuda"))
+    [(args, ran_on)] = lib.calls
+    expected = 0 if index is None else index
+    assert args == (tensor.data_ptr(), 7, f"stream of {expected}") and ran_on == expected
+    assert guards == guarded and current[0] == 0  # the caller's device is restored
+
+
+def test_a_launch_that_returns_an_error_status_raises_naming_it(fake_cuda, monkeypatch):
+    from autofuse import build
+
+    def check_status(lib, status, what):  # the real one asks the library for the error's name
+        raise RuntimeError(f"{what}: CUDA error {status}")
+
+    monkeypatch.setattr(build, "check_status", check_status)
+    with pytest.raises(RuntimeError, match="p/v af_step: CUDA error 700"):
+        _variant_with(_FakeLibrary(fake_cuda[0], status=700)).launch("af_step", device=torch.device("cuda", 0))

@@ -55,10 +55,12 @@ class Found:
 
 
 def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | None,
-               device_type: str) -> tuple[list[Found], list[str]]:
+               device_type: str) -> tuple[list[Found], list[tuple[int, str]]]:
     """(entries that may serve, best first; why stricter entries that exist were passed over).
 
     ``shapes`` is the table's shape key → dispatch key → entry mapping of one problem and device.
+    Each passed-over entry comes with its rank: how many of the found ones rank before it
+    (``passed_over_before`` keeps those that would have ranked before the one that serves).
     """
     found, passed_over = [], []
     for precision in serving_order(dkey.precision):
@@ -73,8 +75,15 @@ def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | No
             if reason is None:
                 found.append(candidate)
             else:
-                passed_over.append(f"the entry {candidate.source} ({entry.get('variant')}): {reason}")
+                passed_over.append((len(found), f"the entry {candidate.source} ({entry.get('variant')}): {reason}"))
     return found, passed_over
+
+
+def passed_over_before(passed_over: list[tuple[int, str]], served: int | None) -> list[str]:
+    """The reasons of the entries passed over that rank before ``found[served]`` (all of them
+    when nothing found serves, ``served`` None): a tf32 call served by its own tf32 entry need
+    not hear why a stricter fp32 entry, which ranks after it, would not have served."""
+    return [reason for rank, reason in passed_over if served is None or rank <= served]
 
 
 def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: str) -> str | None:

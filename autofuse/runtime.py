@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from autofuse import background, registry
-from autofuse.dispatch import Found, candidates
+from autofuse.dispatch import Found, candidates, passed_over_before
 from autofuse.errors import TableError
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
 from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
@@ -224,16 +224,18 @@ class Dispatcher:
         shapes = document.get("devices", {}).get(fingerprint, {}).get("problems", {}).get(self.problem.name, {})
         found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
         where = f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()})"
-        for reason in passed_over:
-            self._say(f"{where}: passing over {reason}")
-        for candidate in found:
+        for served, candidate in enumerate(found):
             variant = self._instantiate(candidate, shape, dkey, device, where)
             if variant is not None:
+                for reason in passed_over_before(passed_over, served):
+                    self._say(f"{where}: passing over {reason}")
                 if candidate.source != "tuned":
                     self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
                               f"{variant.name}, run at {candidate.precision}")
                 return variant, {"variant": variant.name, "params": candidate.entry.get("params", {}),
                                  "source": candidate.source, "precision": candidate.precision, "entry": candidate.entry}
+        for reason in passed_over_before(passed_over, None):
+            self._say(f"{where}: passing over {reason}")
         if found:
             return self._reference("unusable entry: reference")
         mode = f" --mode {dkey.mode}" if dkey.mode != "any" else ""

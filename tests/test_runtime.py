@@ -283,6 +283,24 @@ def test_on_cuda_a_stricter_entry_serves_only_where_it_beats_the_looser_referenc
     assert slower_than_reference(entry, tuned, requested, "cpu") is None  # no tensor cores: nothing gains
 
 
+def test_a_passed_over_stricter_entry_is_said_only_where_it_would_have_ranked_before_the_one_serving():
+    from autofuse.dispatch import candidates, passed_over_before
+    from autofuse.table import DispatchKey, shape_key
+
+    shape = {"batch_size": 1024, "in_features": 8192, "out_features": 8192}
+    slow_fp32 = {"variant": "triton", "median_ms": 2.0, "eager_ms": 2.7}  # 1.35x: loses to tf32's reference
+    tf32 = {"variant": "cublas_epilogue", "median_ms": 0.35, "eager_ms": 0.40}
+    keys = {p: DispatchKey("float32", p, "any", autograd=False) for p in ("fp32", "tf32")}
+    both = {shape_key(shape): {keys["fp32"].to_str(): slow_fp32, keys["tf32"].to_str(): tf32}}
+    found, passed_over = candidates(both, shape, keys["tf32"], "batch_size", "cuda")
+    assert [f.entry for f in found] == [tf32] and len(passed_over) == 1
+    assert passed_over_before(passed_over, 0) == []  # the tf32 entry serves: nothing to explain
+    assert passed_over_before(passed_over, None) == [passed_over[0][1]]  # nothing served: say it
+    only_fp32 = {shape_key(shape): {keys["fp32"].to_str(): slow_fp32}}
+    found, passed_over = candidates(only_fp32, shape, keys["tf32"], "batch_size", "cuda")
+    assert found == [] and "reference at tf32 is expected to be faster" in passed_over_before(passed_over, None)[0]
+
+
 # -- the call key: grad need without walking the parameters (issues 12.5, 13.4) ----------
 
 def test_inference_mode_and_no_grad_take_the_no_grad_entry():

@@ -191,14 +191,20 @@ def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: st
         search(opened, spaces, job, worker, total, plan.timeout, plan.trial_timeout, False, name)
 
 
+def _recorded_entries(table, fingerprint, prob, shape, key) -> tuple[dict | None, dict | None]:
+    """The forward and autograd entries ``table`` holds for the key (None where it has none).
+    Raises TableError for a table that cannot be read."""
+    lookup = lambda k: table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)  # noqa: E731
+    return lookup(key), lookup(dataclasses.replace(key, autograd=True))
+
+
 def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
     """(entry, autograd entry) already in the table for this key, or None."""
     try:
-        lookup = lambda k: table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)  # noqa: E731
-        entry = lookup(key)
-        grad = lookup(dataclasses.replace(key, autograd=True)) if autograd_entry else None
+        entry, grad = _recorded_entries(table, fingerprint, prob, shape, key)
     except TableError:
         return None
+    grad = grad if autograd_entry else None
     if entry is None or (autograd_entry and grad is None):
         return None
     return entry, grad
@@ -208,15 +214,11 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
     """(variant, params) of the forward and autograd entries ``table`` holds for the key."""
     if table is None:
         return []
-    configs = []
-    for k in (key, dataclasses.replace(key, autograd=True)):
-        try:
-            entry = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)
-        except TableError:
-            return configs  # a corrupt table is reported when the result is recorded
-        if entry is not None:
-            configs.append((entry["variant"], dict(entry.get("params") or {})))
-    return configs
+    try:
+        entries = _recorded_entries(table, fingerprint, prob, shape, key)
+    except TableError:
+        return []  # a corrupt table is reported when the result is recorded
+    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries if entry is not None]
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:

@@ -38,6 +38,10 @@ def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
     _run("backward_kernels")
 
 
+def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
+    _run("avgpool_backward")
+
+
 def test_a_wrong_kernel_fails_the_interpreted_gate():
     _run("mutant_fails")
 

@@ -102,6 +102,44 @@ def backward_kernels() -> list[str]:
     return failures
 
 
+def avgpool_backward() -> list[str]:
+    """51's two backward passes against its torch formulas: every subset of gradients asked for,
+    blocks small enough that rows, columns, partial sums and dW's rows all end in partial tiles
+    (and batch 1); then with the default blocks, a row wider than one column block."""
+    from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
+
+    generator = torch.Generator().manual_seed(7)
+    failures = []
+    small = {"rows": 4, "row_block_k": 16, "w_block_k": 16, "w_block_o": 8, "out_split": 3}
+    cases = [((37, 53, 29), small), ((1, 53, 29), small), ((9, 1100, 70), {})]
+    needs_cases = [(True, True, True, True), (False, True, False, False), (False, False, True, True),
+                   (True, False, False, False), (False, True, True, False)]
+    for (m, k, n_out), blocks in cases:
+        x = torch.randn(m, k, generator=generator)
+        w_mean = torch.randn(k, generator=generator) * 0.05
+        offset = torch.tensor(0.3)
+        grad = torch.randn(m, k, generator=generator)
+        saved = (x, w_mean, offset)
+        for needs in needs_cases:
+            got = g51.fused_backward(x, w_mean, offset, grad, needs, n_out, **blocks)
+            g51.fused_kernels_apply, kept = (lambda *t: False), g51.fused_kernels_apply
+            try:
+                want = g51.backward(saved, grad, needs, n_out)
+            finally:
+                g51.fused_kernels_apply = kept
+            for name, a, b in zip(("dx", "dW", "db", "dsubtract"), got, want):
+                if (a is None) != (b is None):
+                    failures.append(f"{(m, k, n_out)} {needs} {name}: {'missing' if a is None else 'not asked for'}")
+                    continue
+                if a is None:
+                    continue
+                error = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+                print("avgpool", (m, k, n_out), needs, name, f"relative error {error:.3g}", flush=True)
+                if a.shape != b.shape or not error < 1e-5:
+                    failures.append(f"{(m, k, n_out)} {needs} {name}: shape {tuple(a.shape)}, relative error {error:.3g}")
+    return failures
+
+
 @triton.jit
 def _tanh_gelu(v):
     """GELU's tanh approximation: a different function from F.gelu's exact erf form."""
@@ -174,7 +212,8 @@ def lse_mish_output() -> list[str]:
 
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
-    problems = {"gate": gate, "backward_kernels": backward_kernels, "mutant_fails": mutant_fails,
+    problems = {"gate": gate, "backward_kernels": backward_kernels,
+                "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output}
     found = problems[check](*args)
     for line in found:

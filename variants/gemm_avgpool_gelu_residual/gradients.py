@@ -6,7 +6,10 @@ out = x.detach() + gelu(r)[:, None] with r = x·w̄ + c, w̄ = mean(W, 0), c = m
     dW = (1/out) · 1 ⊗ (drᵀ·x)                 (every row of W alike: a GEMV, not a GEMM)
     db = (Σ dr / out)·1,  dsubtract = −db.
 So the backward is two GEMVs and rank-one terms. Saved: x, w̄ and c (r is recomputed by one
-GEMV, reading x once).
+GEMV, reading x once). On CUDA two Triton passes do all of it (triton_kernels.py): one reads x
+and g and leaves per-block partial sums of drᵀ·x (and dx), the other merges them and writes dW,
+db and dsubtract, every row of them alike, as fresh tensors autograd takes without a copy.
+Elsewhere (the CPU, float64) the torch formulas below.
 """
 
 from __future__ import annotations
@@ -14,13 +17,21 @@ from __future__ import annotations
 import torch
 
 from autofuse.autograd import FusedOp
+from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
 from ..matmul_gelu_softmax.gradients import gelu_grad
+
+# row_gradients: rows per program and columns per step; weight_gradient: columns per program,
+# rows per store, and the programs per column tile (each writes out/OUT_SPLIT rows of dW).
+ROWS, ROW_BLOCK_K = 16, 512
+W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 128, 32, 8
 
 
 def backward(saved, grad, needs, n_out: int):
     """(dx, dW, db, dsubtract) per ``needs`` (inputs: x, weight, bias, subtract)."""
     x, w_mean, offset = saved
+    if x.shape[0] and fused_kernels_apply(x, w_mean, offset, grad):
+        return fused_backward(x, w_mean, offset, grad, needs, n_out)
     acc = w_mean.dtype
     r = torch.addmv(offset, x.to(acc), w_mean)
     dr = gelu_grad(r) * grad.to(acc).sum(dim=1)
@@ -28,6 +39,32 @@ def backward(saved, grad, needs, n_out: int):
     dw = (dr @ x.to(acc) / n_out).expand(n_out, -1) if needs[1] else None
     d_bias = (dr.sum() / n_out).expand(n_out) if needs[2] or needs[3] else None
     return dx, dw, (d_bias if needs[2] else None), (-d_bias if needs[3] else None)
+
+
+def fused_backward(x, w_mean, offset, grad, needs, n_out: int, rows: int = ROWS, row_block_k: int = ROW_BLOCK_K,
+                   w_block_k: int = W_BLOCK_K, w_block_o: int = W_BLOCK_O, out_split: int = OUT_SPLIT):
+    """``backward`` through the two Triton passes (float32, contiguous); the block sizes are
+    parameters for tests/device/probe_51_backward.py, which chose the defaults."""
+    (m, k), device = x.shape, x.device
+    kernels = problem_kernels("gemm_avgpool_gelu_residual")
+    parts = -(-m // rows)
+    dr = torch.empty(m, device=device)
+    part = torch.empty(parts, k, device=device)
+    dx = torch.empty_like(x) if needs[0] else None
+    kernels.row_gradients[(parts,)](x, w_mean, offset, grad, dr if dx is None else dx, dr, part, m, k,
+                                    ROWS=rows, BLOCK_K=row_block_k, NEED_X=bool(needs[0]), num_warps=8)
+    dw = torch.empty(n_out, k, device=device) if needs[1] else None
+    db = torch.empty(n_out, device=device) if needs[2] else None
+    ds = torch.empty(n_out, device=device) if needs[3] else None
+    if dw is not None or db is not None or ds is not None:
+        col_tiles = -(-k // w_block_k) if dw is not None else 1
+        out_chunk = -(-n_out // out_split)
+        spare = dr  # a pointer for the outputs not asked for (their stores are compiled out)
+        kernels.weight_gradient[(col_tiles, -(-n_out // out_chunk))](
+            part, dr, spare if dw is None else dw, spare if db is None else db, spare if ds is None else ds,
+            parts, m, k, n_out, out_chunk, 1.0 / n_out, BLOCK_P=32, BLOCK_K=w_block_k, BLOCK_O=w_block_o,
+            NEED_W=dw is not None, NEED_B=db is not None, NEED_S=ds is not None, num_warps=4)
+    return dx, dw, db, ds
 
 
 def fused_op(forward, precision: str, n_out: int) -> FusedOp:

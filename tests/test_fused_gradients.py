@@ -71,21 +71,29 @@ def test_batchnorm_eval_rule_matches_finite_differences(shape):
     _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3))
 
 
-def test_gemm_avgpool_rule_matches_finite_differences_in_the_parameters():
+def _avgpool_forward(save_r: bool):
+    """51's fused forward in torch, saving r = x·w̄ + c as the row kernels do, or None (recomputed)."""
+    def forward(x, weight, bias, subtract, save):
+        w_mean, offset = weight.mean(0), bias.mean() - subtract.mean()
+        r = torch.addmv(offset, x, w_mean)
+        return x + F.gelu(r)[:, None], (x, w_mean, offset, r.detach() if save_r else None)
+    return forward
+
+
+@pytest.mark.parametrize("save_r", [True, False], ids=["r saved", "r recomputed"])
+def test_gemm_avgpool_rule_matches_finite_differences_in_the_parameters(save_r):
     # x's gradient skips the detached residual, which finite differences would see: checked below.
     n_out = 5
     x = _leaf(7, 6).detach()
-
-    def forward(x, weight, bias, subtract, save):
-        w_mean, offset = weight.mean(0), bias.mean() - subtract.mean()
-        return x + F.gelu(torch.addmv(offset, x, w_mean))[:, None], (x, w_mean, offset)
+    forward = _avgpool_forward(save_r)
 
     op = g51.fused_op(forward, "fp32", n_out)
     assert torch.autograd.gradcheck(lambda *p: fused_call(op, x, *p),
                                     (_leaf(n_out, 6, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3)))
 
 
-def test_gemm_avgpool_rule_gives_the_references_input_gradient():
+@pytest.mark.parametrize("save_r", [True, False], ids=["r saved", "r recomputed"])
+def test_gemm_avgpool_rule_gives_the_references_input_gradient(save_r):
     from autofuse.problems.gemm_avgpool_gelu_residual import Model
 
     torch.manual_seed(0)
@@ -95,13 +103,8 @@ def test_gemm_avgpool_rule_gives_the_references_input_gradient():
     model(x).backward(cotangent)
     want = x.grad.clone()
     x.grad = None
-
-    def forward(x, weight, bias, subtract, save):
-        w_mean, offset = weight.mean(0), bias.mean() - subtract.mean()
-        return x + F.gelu(torch.addmv(offset, x, w_mean))[:, None], (x, w_mean, offset)
-
     gemm = model.gemm
-    fused_call(g51.fused_op(forward, "fp32", 5), x, gemm.weight, gemm.bias, model.subtract).backward(cotangent)
+    fused_call(g51.fused_op(_avgpool_forward(save_r), "fp32", 5), x, gemm.weight, gemm.bias, model.subtract).backward(cotangent)
     assert_close(x.grad, want, atol=1e-12, rtol=1e-10, what="x.grad")
 
 

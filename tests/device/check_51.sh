@@ -4,11 +4,11 @@
 # its three precisions (the row variants: torch.compile runs the whole GEMM and is ~100x slower
 # here), and one bench of forward and training step against eager and both torch.compile modes.
 #   OUT=... bash tests/device/check_51.sh [precisions]    # default "fp32 tf32 bf16"; bench at the first
-# Logs and reports under $OUT; the table it updated is $OUT/table.json (from benchmarks/table.json).
+# Logs and reports (benchmarks.tgz) under $OUT; the table it updated is $OUT/table.json (from benchmarks/table.json).
 set -uo pipefail
 out=${OUT:-check-51-out}; mkdir -p "$out/benchmarks"
 export AUTOFUSE_HOME=${AUTOFUSE_HOME:-/tmp/autofuse-home} PYTHONUNBUFFERED=1
-precisions=${1:-fp32 tf32 bf16}
+precisions=${*:-fp32 tf32 bf16}
 cp benchmarks/table.json "$out/table.json"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 echo "== probe"; timeout 240 python3 tests/device/probe_51_backward.py > "$out/probe-51-backward.jsonl" 2>&1
@@ -24,4 +24,5 @@ done
 first=${precisions%% *}
 echo "== bench $first"
 timeout 240 autofuse bench gemm_avgpool_gelu_residual --precision "$first" --step both --table "$out/table.json" \
-    --out "$out/benchmarks" --rounds 10 --skip-variants cuda_naive 2>&1 | tee "$out/bench.log" | grep -vE "^(autofuse: |  warnings.warn|$|-)" | tail -40
+    --out "$out/benchmarks" --rounds 10 --skip-variants cuda_naive 2>&1 | tee "$out/bench.log" | grep -vE "^(autofuse: |  warnings.warn|$|-|E1)" | tail -40
+tar -C "$out" -czf "$out/benchmarks.tgz" benchmarks && rm -r "$out/benchmarks"  # the device returns a bounded number of files

@@ -4,8 +4,8 @@
 
 1. Each block configuration of ``gradients.fused_backward`` (the first pass's, then the second's
    with the best first) checked against the torch formulas and timed, as the training step asks
-   (dW, db and dsubtract; x needs none); the memory traffic's floor beside it: read x and g,
-   write dW, at the copy bandwidth measured here.
+   (dW, db and dsubtract; x needs none; r saved by the forward), then the best without r; the
+   memory traffic's floor beside it: read x and g, write dW, at the copy bandwidth measured here.
 2. The training step (``autofuse.step.training_call``) of single_pass with the Triton backward,
    with the torch formulas, and eager's, interleaved; then torch.profiler's kernels of one step.
 One JSON line per result on stdout.
@@ -46,19 +46,19 @@ def relative_errors(got, want) -> list[float]:
 
 
 def sweep(x, w_mean, offset, grad, n_out):
-    saved = (x, w_mean, offset)
+    r = torch.addmv(offset, x, w_mean)  # as the forward's kernel saves it
+    saved = (x, w_mean, offset, r)
     want = torch_backward(saved, grad, STEP_NEEDS, n_out)
     emit(what="torch formulas", **time_callable(lambda: torch_backward(saved, grad, STEP_NEEDS, n_out), "cuda").to_dict())
 
-    def measure(blocks):
-        run = lambda: g51.fused_backward(x, w_mean, offset, grad, STEP_NEEDS, n_out, **blocks)  # noqa: E731
+    def measure(blocks, saved_r=r):
+        run = lambda: g51.fused_backward(x, w_mean, offset, saved_r, grad, STEP_NEEDS, n_out, **blocks)  # noqa: E731
         errors = relative_errors(run(), want)
         timing = time_callable(run, "cuda")
-        emit(what="fused", blocks=blocks, max_error=max(errors), **timing.to_dict())
+        emit(what="fused", blocks=blocks, r_saved=saved_r is not None, max_error=max(errors), **timing.to_dict())
         return timing.median_ms if max(errors) < 1e-5 else float("inf")
 
-    first = {"rows": 16, "row_block_k": 512}
-    second = {"w_block_k": 128, "w_block_o": 32, "out_split": 8}
+    second = {"w_block_k": 64, "w_block_o": 16, "out_split": 4}
     tried = {}
     for rows, block_k in itertools.product((4, 8, 16, 32), (256, 512, 1024)):
         if rows * block_k <= 16384:
@@ -66,13 +66,14 @@ def sweep(x, w_mean, offset, grad, n_out):
     rows, block_k = min(tried, key=tried.get)
     first = {"rows": rows, "row_block_k": block_k}
     tried = {}
-    for block_k, block_o, split in itertools.product((64, 128, 256), (16, 32, 64), (4, 8, 16)):
+    for block_k, block_o, split in itertools.product((64, 128), (16, 32), (4, 8)):
         if block_k * block_o <= 8192:
             tried[(block_k, block_o, split)] = measure({**first, "w_block_k": block_k, "w_block_o": block_o,
                                                         "out_split": split})
     best = min(tried, key=tried.get)
-    emit(what="best", blocks={**first, "w_block_k": best[0], "w_block_o": best[1], "out_split": best[2]},
-         median_ms=tried[best])
+    blocks = {**first, "w_block_k": best[0], "w_block_o": best[1], "out_split": best[2]}
+    emit(what="best", blocks=blocks, median_ms=tried[best])
+    measure(blocks, saved_r=None)  # what saving r saves: x read twice, the second time past L2
 
 
 def floor(x, grad, n_out):

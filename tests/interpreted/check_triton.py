@@ -6,6 +6,7 @@ Tiles are 16 wide (the interpreter's configuration space), so the small odd shap
 several tiles in every dimension: partial tiles, the K tail, clamped rows and batch 1.
 """
 
+import itertools
 import os
 import sys
 
@@ -103,8 +104,8 @@ def backward_kernels() -> list[str]:
 
 
 def avgpool_backward() -> list[str]:
-    """51's two backward passes against its torch formulas: every subset of gradients asked for,
-    blocks small enough that rows, columns, partial sums and dW's rows all end in partial tiles
+    """51's two backward passes against its torch formulas, with the forward's r saved and without:
+    every subset of gradients asked for, blocks small enough that rows, columns, partial sums and dW's rows all end in partial tiles
     (and batch 1); then with the default blocks, a row wider than one column block."""
     from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 
@@ -119,9 +120,10 @@ def avgpool_backward() -> list[str]:
         w_mean = torch.randn(k, generator=generator) * 0.05
         offset = torch.tensor(0.3)
         grad = torch.randn(m, k, generator=generator)
-        saved = (x, w_mean, offset)
-        for needs in needs_cases:
-            got = g51.fused_backward(x, w_mean, offset, grad, needs, n_out, **blocks)
+        r = torch.addmv(offset, x, w_mean)
+        for needs, saved_r in itertools.product(needs_cases, (r, None)):
+            saved = (x, w_mean, offset, saved_r)
+            got = g51.fused_backward(x, w_mean, offset, saved_r, grad, needs, n_out, **blocks)
             g51.fused_kernels_apply, kept = (lambda *t: False), g51.fused_kernels_apply
             try:
                 want = g51.backward(saved, grad, needs, n_out)
@@ -134,9 +136,10 @@ def avgpool_backward() -> list[str]:
                 if a is None:
                     continue
                 error = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-                print("avgpool", (m, k, n_out), needs, name, f"relative error {error:.3g}", flush=True)
+                case = f"{(m, k, n_out)} {needs} r {'saved' if saved_r is not None else 'recomputed'} {name}"
+                print("avgpool", case, f"relative error {error:.3g}", flush=True)
                 if a.shape != b.shape or not error < 1e-5:
-                    failures.append(f"{(m, k, n_out)} {needs} {name}: shape {tuple(a.shape)}, relative error {error:.3g}")
+                    failures.append(f"{case}: shape {tuple(a.shape)}, relative error {error:.3g}")
     return failures
 
 

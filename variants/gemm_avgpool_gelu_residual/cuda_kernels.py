@@ -20,7 +20,9 @@ on the device, so no call synchronises. Memory floor: read x once, write out onc
 
 Preconditions: float32 CUDA tensors (made contiguous); the exact erf GELU; NaN in x
 propagates (x + g). fp32 FMA only, so these run under every precision. Autograd: the backward
-is two GEMVs and rank-one terms (gradients.py); the forward saves nothing but x, w̄ and c.
+is two GEMVs and rank-one terms (gradients.py); the forward saves x, w̄, c and the row values
+r = x·w̄ + c its kernel computed anyway (one float per row), so the backward need not read x
+for them.
 """
 
 import torch
@@ -75,10 +77,12 @@ class FoldedRowsVariant(CudaVariant):
         x = input_operand(x, model.gemm.in_features)
         w_mean, offset = self.folded(model, x.device)  # cached also under autograd: the backward maps dw̄ to dW
         out = torch.empty_like(x)
-        self.run(x, w_mean, offset, out)
-        return out, ((x, w_mean, offset) if save else ())
+        r = self.run(x, w_mean, offset, out, save)
+        return out, ((x, w_mean, offset, r) if save else ())
 
-    def run(self, x, w_mean, offset, out):
+    def run(self, x, w_mean, offset, out, save: bool) -> torch.Tensor | None:
+        """Write out = x + gelu(r) and return r = x·w̄ + c (one float per row) if ``save``,
+        or whenever the kernel keeps it anyway; None otherwise."""
         raise NotImplementedError
 
 
@@ -89,9 +93,10 @@ class CudaNaiveGeluResidual(FoldedRowsVariant):
     source = "csrc/rows_naive.cu"
     launchers = {"af_rows_naive": ("ptr",) * 5 + ("int", "int")}
 
-    def run(self, x, w_mean, offset, out):
+    def run(self, x, w_mean, offset, out, save):
         z = torch.empty(x.shape[0], device=x.device)
         self.launch("af_rows_naive", x, w_mean, offset, z, out, x.shape[0], x.shape[1], device=x.device)
+        return z
 
 
 class CudaTiledGeluResidual(FoldedRowsVariant):
@@ -99,14 +104,16 @@ class CudaTiledGeluResidual(FoldedRowsVariant):
     kind = "cuda_tiled"
     description = "one block per row: coalesced dot + block reduction + GELU, second pass writes x + g from L2"
     source = "csrc/rows_tiled.cu"
-    launchers = {"af_rows_tiled": ("ptr",) * 4 + ("int", "int")}
+    launchers = {"af_rows_tiled": ("ptr",) * 5 + ("int", "int")}
 
     @classmethod
     def configs(cls, shape, device):
         return [{"block": b} for b in (256, 128, 512, 1024)]
 
-    def run(self, x, w_mean, offset, out):
-        self.launch("af_rows_tiled", x, w_mean, offset, out, x.shape[0], x.shape[1], device=x.device)
+    def run(self, x, w_mean, offset, out, save):
+        r = torch.empty(x.shape[0], device=x.device) if save else None
+        self.launch("af_rows_tiled", x, w_mean, offset, out, r, x.shape[0], x.shape[1], device=x.device)
+        return r
 
 
 BLOCKS = (128, 256, 512, 1024)
@@ -145,18 +152,20 @@ class SinglePassGeluResidual(FoldedRowsVariant):
     kind = "cuda_templated"
     description = "one block per row, the row read once into registers (float4), dot + GELU, written from registers"
     source = "csrc/rows_single_pass.cu"
-    launchers = {"af_rows_single_pass": ("ptr",) * 4 + ("int", "int")}
+    launchers = {"af_rows_single_pass": ("ptr",) * 5 + ("int", "int")}
 
     @classmethod
     def configs(cls, shape, device):
         return single_pass_configs(shape["in_features"])
 
-    def run(self, x, w_mean, offset, out):
+    def run(self, x, w_mean, offset, out, save):
         # float4 loads need 16-byte alignment: a contiguous view into a larger tensor may
         # start mid-vector, so copy it then (out and w̄ are fresh allocations, aligned).
         if self.params.get("vec", 4) == 4 and x.data_ptr() % 16:
             x = x.clone()
-        self.launch("af_rows_single_pass", x, w_mean, offset, out, x.shape[0], x.shape[1], device=x.device)
+        r = torch.empty(x.shape[0], device=x.device) if save else None
+        self.launch("af_rows_single_pass", x, w_mean, offset, out, r, x.shape[0], x.shape[1], device=x.device)
+        return r
 
 
 @hookimpl

@@ -5,11 +5,11 @@ out = x.detach() + gelu(r)[:, None] with r = x·w̄ + c, w̄ = mean(W, 0), c = m
     dx = dr ⊗ w̄                               (the residual is detached: only the GEMV path)
     dW = (1/out) · 1 ⊗ (drᵀ·x)                 (every row of W alike: a GEMV, not a GEMM)
     db = (Σ dr / out)·1,  dsubtract = −db.
-So the backward is two GEMVs and rank-one terms. Saved: x, w̄ and c (r is recomputed by one
-GEMV, reading x once). On CUDA two Triton passes do all of it (triton_kernels.py): one reads x
-and g and leaves per-block partial sums of drᵀ·x (and dx), the other merges them and writes dW,
-db and dsubtract, every row of them alike, as fresh tensors autograd takes without a copy.
-Elsewhere (the CPU, float64) the torch formulas below.
+So the backward is two GEMVs and rank-one terms. Saved: x, w̄, c and r where the forward's
+kernel computed it (else None, and r is recomputed by one GEMV). On CUDA two Triton passes do
+all of it (triton_kernels.py): one reads g and x and leaves per-block partial sums of drᵀ·x
+(and dx), the other merges them and writes dW, db and dsubtract, every row of them alike, as
+fresh tensors autograd takes without a copy. Elsewhere (the CPU, float64) the torch formulas.
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ from ..matmul_gelu_softmax.gradients import gelu_grad
 
 # row_gradients: rows per program and columns per step; weight_gradient: columns per program,
 # rows per store, and the programs per column tile (each writes out/OUT_SPLIT rows of dW).
-ROWS, ROW_BLOCK_K = 16, 512
-W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 128, 32, 8
+# Chosen on an H100 at (2048, 8192, 8192) by tests/device/probe_51_backward.py.
+ROWS, ROW_BLOCK_K = 16, 1024
+W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 64, 16, 4
 
 
 def backward(saved, grad, needs, n_out: int):
     """(dx, dW, db, dsubtract) per ``needs`` (inputs: x, weight, bias, subtract)."""
-    x, w_mean, offset = saved
-    if x.shape[0] and fused_kernels_apply(x, w_mean, offset, grad):
-        return fused_backward(x, w_mean, offset, grad, needs, n_out)
+    x, w_mean, offset, r = saved
+    if x.shape[0] and fused_kernels_apply(x, w_mean, offset, grad, *([] if r is None else [r])):
+        return fused_backward(x, w_mean, offset, r, grad, needs, n_out)
     acc = w_mean.dtype
-    r = torch.addmv(offset, x.to(acc), w_mean)
+    r = torch.addmv(offset, x.to(acc), w_mean) if r is None else r.to(acc)
     dr = gelu_grad(r) * grad.to(acc).sum(dim=1)
     dx = (dr[:, None] * w_mean[None, :]).to(x.dtype) if needs[0] else None
     dw = (dr @ x.to(acc) / n_out).expand(n_out, -1) if needs[1] else None
@@ -41,7 +42,7 @@ def backward(saved, grad, needs, n_out: int):
     return dx, dw, (d_bias if needs[2] else None), (-d_bias if needs[3] else None)
 
 
-def fused_backward(x, w_mean, offset, grad, needs, n_out: int, rows: int = ROWS, row_block_k: int = ROW_BLOCK_K,
+def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = ROWS, row_block_k: int = ROW_BLOCK_K,
                    w_block_k: int = W_BLOCK_K, w_block_o: int = W_BLOCK_O, out_split: int = OUT_SPLIT):
     """``backward`` through the two Triton passes (float32, contiguous); the block sizes are
     parameters for tests/device/probe_51_backward.py, which chose the defaults."""
@@ -51,8 +52,9 @@ def fused_backward(x, w_mean, offset, grad, needs, n_out: int, rows: int = ROWS,
     dr = torch.empty(m, device=device)
     part = torch.empty(parts, k, device=device)
     dx = torch.empty_like(x) if needs[0] else None
-    kernels.row_gradients[(parts,)](x, w_mean, offset, grad, dr if dx is None else dx, dr, part, m, k,
-                                    ROWS=rows, BLOCK_K=row_block_k, NEED_X=bool(needs[0]), num_warps=8)
+    kernels.row_gradients[(parts,)](x, w_mean, offset, dr if r is None else r, grad, dr if dx is None else dx, dr,
+                                    part, m, k, ROWS=rows, BLOCK_K=row_block_k, HAVE_R=r is not None,
+                                    NEED_X=bool(needs[0]), num_warps=8)
     dw = torch.empty(n_out, k, device=device) if needs[1] else None
     db = torch.empty(n_out, device=device) if needs[2] else None
     ds = torch.empty(n_out, device=device) if needs[3] else None
@@ -68,5 +70,5 @@ def fused_backward(x, w_mean, offset, grad, needs, n_out: int, rows: int = ROWS,
 
 
 def fused_op(forward, precision: str, n_out: int) -> FusedOp:
-    """The FusedOp of a forward ``(x, weight, bias, subtract, save)`` returning (out, (x, w̄, c))."""
+    """The FusedOp of a forward ``(x, weight, bias, subtract, save)`` returning (out, (x, w̄, c, r or None))."""
     return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, n_out), precision)

@@ -3,9 +3,12 @@
 The backward is memory-bound: read x and g once, write dW (out × in, every row alike), and dx
 if x needs it (gradients.py has the algebra). Two passes:
 
-``row_gradients``: one program per ``ROWS`` rows. First over the rows' columns: r = x·w̄ + c and
-Σ g, so dr = gelu'(r)·Σ g per row; then over them again (x now from L2) the rows' share of drᵀ·x
-into one row of partial sums, and dx = dr ⊗ w̄ where x needs it.
+``row_gradients``: one program per ``ROWS`` rows. First over the rows' columns: Σ g, and r = x·w̄ + c
+unless the forward saved r (HAVE_R), so dr = gelu'(r)·Σ g per row; then over them again the rows'
+share of drᵀ·x into one row of partial sums, and dx = dr ⊗ w̄ where x needs it. With r saved, x
+is read once from memory; without it x is read twice, and the second read misses L2 at the
+default shape (every resident program's rows together outgrow it: 0.082 ms where reading x and g
+once took 0.047 on an H100, tests/device/NOTES.md, sixth session).
 
 ``weight_gradient``: per column tile, the partial sums merged (v = drᵀ·x / out), then v written
 to its share of dW's rows; the programs of the first column tile also write db = Σ dr / out
@@ -20,8 +23,8 @@ from autofuse.triton_gemm import gelu_grad
 
 
 @triton.jit
-def row_gradients(x_ptr, w_mean_ptr, offset_ptr, grad_ptr, dx_ptr, dr_ptr, part_ptr, M, K,
-                  ROWS: tl.constexpr, BLOCK_K: tl.constexpr, NEED_X: tl.constexpr):
+def row_gradients(x_ptr, w_mean_ptr, offset_ptr, r_ptr, grad_ptr, dx_ptr, dr_ptr, part_ptr, M, K,
+                  ROWS: tl.constexpr, BLOCK_K: tl.constexpr, HAVE_R: tl.constexpr, NEED_X: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
@@ -31,12 +34,16 @@ def row_gradients(x_ptr, w_mean_ptr, offset_ptr, grad_ptr, dx_ptr, dr_ptr, part_
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         mask = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0)
         g = tl.load(grad_ptr + base + cols[None, :], mask=mask, other=0.0)
-        w = tl.load(w_mean_ptr + cols, mask=cols < K, other=0.0)
-        r += tl.sum(x * w[None, :], axis=1)
         g_sum += tl.sum(g, axis=1)
-    r += tl.load(offset_ptr)
+        if not HAVE_R:
+            x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0)
+            w = tl.load(w_mean_ptr + cols, mask=cols < K, other=0.0)
+            r += tl.sum(x * w[None, :], axis=1)
+    if HAVE_R:
+        r = tl.load(r_ptr + rows, mask=row_ok, other=0.0)
+    else:
+        r += tl.load(offset_ptr)
     dr = tl.where(row_ok, gelu_grad(r) * g_sum, 0.0)  # rows past M add nothing below
     tl.store(dr_ptr + rows, dr, mask=row_ok)
     for start in range(0, K, BLOCK_K):

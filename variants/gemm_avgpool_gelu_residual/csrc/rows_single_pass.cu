@@ -6,7 +6,8 @@
 // VEC floats, chunk i covering elements [(i·BLOCK + t)·VEC, +VEC), so for every i the block
 // reads one contiguous, coalesced span (float4 loads when VEC = 4). It dots them with w̄
 // (K·4 bytes, 32 KB at K = 8192: L2- and mostly L1-resident, shared by every row), reduces
-// over the block, applies GELU, and writes x + g from the same registers. x is loaded and
+// over the block, applies GELU, and writes x + g from the same registers; r = x·w̄ + c goes to
+// r_out when it is not null (the backward's dr = gelu'(r)·Σg then reads g alone, not x again). x is loaded and
 // out stored with the streaming (evict-first) hints: neither is touched again, and w̄
 // should keep its cache lines.
 //
@@ -57,7 +58,8 @@ __device__ __forceinline__ void store_chunk(float* __restrict__ p, const float (
 
 __global__ void __launch_bounds__(BLOCK)
 gelu_residual_single_pass(const float* __restrict__ x, const float* __restrict__ w,
-                          const float* __restrict__ offset, float* __restrict__ out, int K) {
+                          const float* __restrict__ offset, float* __restrict__ out, float* __restrict__ r_out,
+                          int K) {
     __shared__ float partials[BLOCK / 32];
     const float* xr = x + (size_t)blockIdx.x * K;
     float* outr = out + (size_t)blockIdx.x * K;
@@ -86,7 +88,9 @@ gelu_residual_single_pass(const float* __restrict__ x, const float* __restrict__
             for (int j = 0; j < VEC; ++j) acc = fmaf(v[i][j], wv[j], acc);
         }
     }
-    const float g = af_gelu(af_block_sum<BLOCK>(acc, partials) + __ldg(offset));
+    const float r = af_block_sum<BLOCK>(acc, partials) + __ldg(offset);
+    if (r_out != nullptr && threadIdx.x == 0) r_out[blockIdx.x] = r;
+    const float g = af_gelu(r);
 
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -98,13 +102,13 @@ gelu_residual_single_pass(const float* __restrict__ x, const float* __restrict__
 // Row capacity of this build, so the host can tell which in_features it serves.
 AF_EXPORT int af_row_capacity() { return ROW_CAPACITY; }
 
-// x: M×K row-major, w: K (= w̄), offset: one float on the device (= c), out: M×K.
-AF_EXPORT int af_rows_single_pass(const float* x, const float* w, const float* offset, float* out, int M, int K,
-                                  cudaStream_t stream) {
+// x: M×K row-major, w: K (= w̄), offset: one float on the device (= c), out: M×K, r: M or null.
+AF_EXPORT int af_rows_single_pass(const float* x, const float* w, const float* offset, float* out, float* r, int M,
+                                  int K, cudaStream_t stream) {
     if (M <= 0 || K <= 0) return 0;  // nothing to write; an empty grid would be a launch error
     if (K > ROW_CAPACITY || K % VEC != 0) return (int)cudaErrorInvalidValue;
     const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % (VEC * sizeof(float)) != 0; };
     if (misaligned(x) || misaligned(w) || misaligned(out)) return (int)cudaErrorMisalignedAddress;
-    gelu_residual_single_pass<<<M, BLOCK, 0, stream>>>(x, w, offset, out, K);
+    gelu_residual_single_pass<<<M, BLOCK, 0, stream>>>(x, w, offset, out, r, K);
     AF_CHECK_LAUNCH();
 }

@@ -27,7 +27,7 @@ from torch import nn
 
 from autofuse import registry
 from autofuse.bench_report import (  # noqa: F401 - re-exported: the CLI and plugins import them from here
-    ANALYSIS_FILE, BF16_COPY, DISPATCH, BenchReport, BenchRow, load, markdown, save,
+    ANALYSIS_FILE, BF16_COPY, DISPATCH, BenchReport, BenchRow, load, markdown, now_utc, save,
 )
 from autofuse.bench_targets import FLOOR, FORWARD, TRAINING, TARGETS  # noqa: F401
 from autofuse.errors import InputError
@@ -109,7 +109,7 @@ def _bench_shape(prob, shape, device, precision, mode, step, table, rounds, comp
     timings = time_interleaved({row.candidate: call for row, call in rows if call is not None}, device, rounds=rounds)
     for row, _ in rows:
         row.timing = timings.get(row.candidate)
-    return BenchReport(prob.name, shape, precision, mode, fingerprint, [row for row, _ in rows], step)
+    return BenchReport(prob.name, shape, precision, mode, fingerprint, [row for row, _ in rows], step, now_utc())
 
 
 def _entries(table, fingerprint, prob, shape, precision, mode) -> dict[str, dict]:

@@ -44,6 +44,10 @@ class BenchReport:
     device: dict
     rows: list[BenchRow]
     step: str = FORWARD
+    # When the run finished (UTC, ISO 8601 to the minute). Reports of several sessions share a
+    # folder and one BENCHMARKS.md, so each table says when it was measured; None in reports
+    # saved before the field existed.
+    measured: str | None = None
 
     def row(self, candidate: str) -> BenchRow | None:
         return next((r for r in self.rows if r.candidate == candidate), None)
@@ -64,7 +68,7 @@ class BenchReport:
                  **(r.timing.to_dict() if r.timing else {}),
                  "speedup_vs_eager": self.ratio(r, "eager"), "x_floor": self.ratio(r, FLOOR)} for r in self.rows]
         return {"problem": self.problem, "shape": self.shape, "precision": self.precision, "mode": self.mode,
-                "step": self.step, "device": self.device, "rows": rows}
+                "step": self.step, "measured": self.measured, "device": self.device, "rows": rows}
 
 
 def load(folder: str | pathlib.Path) -> list[BenchReport]:
@@ -81,8 +85,13 @@ def load(folder: str | pathlib.Path) -> list[BenchReport]:
             continue
         rows = [BenchRow(r["candidate"], r["role"], r["params"], _timing(r), r.get("note", "")) for r in data["rows"]]
         reports.append(BenchReport(data["problem"], data["shape"], data["precision"], data["mode"], data["device"], rows,
-                                   data.get("step", FORWARD)))
+                                   data.get("step", FORWARD), data.get("measured")))
     return sorted(reports, key=lambda report: report.step != FORWARD)  # stable: file order within a step
+
+
+def now_utc() -> str:
+    """The ``measured`` stamp: the current UTC time, ISO 8601 to the minute."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _timing(row: dict) -> Timing | None:
@@ -203,6 +212,8 @@ def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path
         lines += [analysis.strip(), ""]
     for report in reports:
         lines += [f"## {report.title}", "",
+                  f"Measured {report.measured.replace('T', ' ')} UTC." if report.measured
+                  else "Measured before reports recorded when (2026-11-23 or earlier).", "",
                   "| candidate | params | median ms | p20-p80 | speedup vs eager | x floor | note |",
                   "|---|---|---|---|---|---|---|"]
         for row in report.rows:

@@ -1,6 +1,7 @@
 """`autofuse bench` on CPU: every candidate measured side by side, ratios, JSON and Markdown."""
 
 import json
+import re
 
 import pytest
 
@@ -162,6 +163,18 @@ def test_forward_and_backward_reports_round_trip_through_save_load_and_markdown(
     assert "| fp32, any | 1.50 |" in forward.split("## Summary: time over the floor")[1]
     assert "| fp32, any | ≥ 50x eager |" in training_summary.split("\n## ")[0]
     assert "## gemm_avgpool_gelu_residual batch_size=12,in_features=48,out_features=40 (fp32, any, forward+backward)" in text
+    # Each table says when it ran (reports of several sessions share one page); older reports say they cannot.
+    stamp = training.measured
+    assert stamp is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\dZ", stamp)
+    assert f"Measured {stamp.replace('T', ' ')} UTC." in text.split("(fp32, any, forward+backward)")[1]
+    old = tmp_path / "old"
+    old.mkdir()
+    data = json.loads((tmp_path / "out" / "gemm_avgpool_gelu_residual-12-fp32-any-fwdbwd.json").read_text())
+    del data["measured"]
+    (old / "report.json").write_text(json.dumps(data))
+    [undated] = load(old)
+    assert undated.measured is None
+    assert "Measured before reports recorded when" in markdown([undated], "autofuse bench x", [], tmp_path)
 
 
 def test_the_training_step_gates_variants_with_gradients(tmp_path, monkeypatch):

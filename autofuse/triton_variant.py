@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import itertools
 import os
 from typing import Any, ClassVar
@@ -163,21 +164,29 @@ def fused_kernels_apply(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == device for t in tensors)
 
 
+def kernel_module(name: str, package: str | None = None):
+    """The Triton kernel module ``name`` (relative to ``package`` if it starts with a dot),
+    imported on first use (it imports triton), its kernels launched through
+    ``autofuse.triton_launch``: one wrapper per module in the process, so the forward's variants
+    and the backwards share each kernel's launch cache."""
+    return _kernel_module(importlib.util.resolve_name(name, package))
+
+
 @functools.cache
+def _kernel_module(name: str):
+    from autofuse.triton_launch import Kernels
+
+    return Kernels(name)
+
+
 def problem_kernels(problem: str):
-    """``variants/<problem>/triton_kernels.py``, imported on first use (it imports triton), its
-    kernels launched through ``autofuse.triton_launch``."""
-    from autofuse.triton_launch import Kernels
-
-    return Kernels(f"autofuse.variants.{problem}.triton_kernels")
+    """``variants/<problem>/triton_kernels.py`` (see ``kernel_module``)."""
+    return kernel_module(f"autofuse.variants.{problem}.triton_kernels")
 
 
-@functools.cache
 def gemm_kernels():
-    """``autofuse.triton_gemm`` (the shared main loop and ``tf32_parts``), as ``problem_kernels``."""
-    from autofuse.triton_launch import Kernels
-
-    return Kernels("autofuse.triton_gemm")
+    """``autofuse.triton_gemm``: the shared main loop and ``tf32_parts`` (see ``kernel_module``)."""
+    return kernel_module("autofuse.triton_gemm")
 
 
 @functools.cache
@@ -235,14 +244,8 @@ class TritonVariant(Variant):
         self.module()
 
     def module(self):
-        """The problem's kernel module, imported on first use (it imports triton), its kernels
-        launched through ``autofuse.triton_launch``."""
-        module = self.__dict__.get("_module")
-        if module is None:
-            from autofuse.triton_launch import Kernels
-
-            module = self._module = Kernels(self.kernels, type(self).__module__.rpartition(".")[0])
-        return module
+        """The variant's kernel module (``kernels``, relative to its package; see ``kernel_module``)."""
+        return kernel_module(self.kernels, type(self).__module__.rpartition(".")[0])
 
     def main_loop(self, xs: Pair, weights: Pair) -> dict[str, Any]:
         """The keyword arguments every kernel's main loop takes: operands (pointers or TMA

@@ -105,8 +105,9 @@ def backward_kernels() -> list[str]:
 
 def avgpool_backward() -> list[str]:
     """51's two backward passes against its torch formulas, with the forward's r saved and without:
-    every subset of gradients asked for, blocks small enough that rows, columns, partial sums and dW's rows all end in partial tiles
-    (and batch 1); then with the default blocks, a row wider than one column block."""
+    every subset of gradients asked for, at blocks small enough that rows, columns, partial sums
+    and dW's rows all end in partial tiles (and batch 1); then at the default blocks, a row wider
+    than one column block."""
     from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 
     generator = torch.Generator().manual_seed(7)

@@ -7,13 +7,13 @@ if x needs it (gradients.py has the algebra). Two passes:
 unless the forward saved r (HAVE_R), so dr = gelu'(r)·Σ g per row; then over them again the rows'
 share of drᵀ·x into one row of partial sums, and dx = dr ⊗ w̄ where x needs it. With r saved, x
 is read once from memory; without it x is read twice, and the second read misses L2 at the
-default shape (every resident program's rows together outgrow it: 0.082 ms where reading x and g
-once took 0.047 on an H100, tests/device/NOTES.md, sixth session).
+default shape (every resident program's rows together outgrow it): 0.082 ms against 0.057 with r
+saved, on an H100 (tests/device/NOTES.md, sixth session).
 
 ``weight_gradient``: per column tile, the partial sums merged (v = drᵀ·x / out), then v written
 to its share of dW's rows; the programs of the first column tile also write db = Σ dr / out
-(and dsubtract = −db) for the same rows. Each program merges the partials again, from L2: an
-eighth of what it writes at the default blocks, against a third pass and launch.
+(and dsubtract = −db) for the same rows. Each program merges the partials again, from L2: a
+sixteenth of what it writes at the default blocks, against a third pass and launch.
 """
 
 import triton

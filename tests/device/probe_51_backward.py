@@ -33,14 +33,6 @@ def emit(**record):
     print(json.dumps(record), flush=True)
 
 
-def torch_backward(saved, grad, needs, n_out):
-    g51.fused_kernels_apply, kept = (lambda *t: False), g51.fused_kernels_apply
-    try:
-        return g51.backward(saved, grad, needs, n_out)
-    finally:
-        g51.fused_kernels_apply = kept
-
-
 def relative_errors(got, want) -> list[float]:
     return [((a - b).norm() / b.norm()).item() for a, b in zip(got, want) if b is not None]
 
@@ -48,8 +40,8 @@ def relative_errors(got, want) -> list[float]:
 def sweep(x, w_mean, offset, grad, n_out):
     r = torch.addmv(offset, x, w_mean)  # as the forward's kernel saves it
     saved = (x, w_mean, offset, r)
-    want = torch_backward(saved, grad, STEP_NEEDS, n_out)
-    emit(what="torch formulas", **time_callable(lambda: torch_backward(saved, grad, STEP_NEEDS, n_out), "cuda").to_dict())
+    want = g51.torch_backward(saved, grad, STEP_NEEDS, n_out)
+    emit(what="torch formulas", **time_callable(lambda: g51.torch_backward(saved, grad, STEP_NEEDS, n_out), "cuda").to_dict())
 
     def measure(blocks, saved_r=r):
         run = lambda: g51.fused_backward(x, w_mean, offset, saved_r, grad, STEP_NEEDS, n_out, **blocks)  # noqa: E731

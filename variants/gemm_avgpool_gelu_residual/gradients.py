@@ -33,6 +33,12 @@ def backward(saved, grad, needs, n_out: int):
     x, w_mean, offset, r = saved
     if x.shape[0] and fused_kernels_apply(x, w_mean, offset, grad, *([] if r is None else [r])):
         return fused_backward(x, w_mean, offset, r, grad, needs, n_out)
+    return torch_backward(saved, grad, needs, n_out)
+
+
+def torch_backward(saved, grad, needs, n_out: int):
+    """``backward`` in torch operations, at w̄'s precision (float32, or float64 for float64 models)."""
+    x, w_mean, offset, r = saved
     acc = w_mean.dtype
     r = torch.addmv(offset, x.to(acc), w_mean) if r is None else r.to(acc)
     dr = gelu_grad(r) * grad.to(acc).sum(dim=1)

@@ -65,8 +65,8 @@ def open_study(name: str, seed: int, storage=None) -> optuna.Study:
                                direction="minimize", load_if_exists=True)
 
 
-def enqueue_defaults(study: optuna.Study, spaces: dict[str, list[dict]],
-                     first: list[tuple[str, dict]] = ()) -> None:
+def enqueue_starting_points(study: optuna.Study, spaces: dict[str, list[dict]],
+                            first: list[tuple[str, dict]] = ()) -> None:
     """Enqueue ``first`` (variant, configuration) pairs, then each variant's default
     configuration, once per study (not again on resume).
 

@@ -134,7 +134,7 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
 def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
     """The shape's search space, job, fingerprint, dispatch key, study name and study.
 
-    A new study measures first what ``table`` holds for the key (see ``enqueue_defaults``).
+    A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
     """
     spaces = _spaces(prob, shape, settings, plan.variants)
     job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
@@ -145,7 +145,7 @@ def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
     study = studies.open_study(name, settings["seed"], plan.backend)
-    studies.enqueue_defaults(study, spaces, _recorded_configs(table, fingerprint, prob, shape, key))
+    studies.enqueue_starting_points(study, spaces, _recorded_configs(table, fingerprint, prob, shape, key))
     return spaces, job, fingerprint, key, name, study
 
 

@@ -46,7 +46,7 @@ def _search(data, seed, enqueue_defaults):
     study = studies.open_study("replay", seed, optuna.storages.InMemoryStorage())
     spaces = {"cuda_templated": [r["params"] for r in data["configs"]]}
     if enqueue_defaults:
-        studies.enqueue_defaults(study, spaces)
+        studies.enqueue_starting_points(study, spaces)
     job = Job(data["problem"], data["shape"], "cuda", "float32", "fp32", "any", seed)
     worker = ReplayWorker(data)
     results = search.search(study, spaces, job, worker, TRIALS, None, 60.0, False, "replay")

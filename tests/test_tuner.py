@@ -145,7 +145,7 @@ def test_recorded_configurations_come_first_once_and_only_from_the_space():
 
     spaces = {"a": [{"k": 1}, {"k": 2}], "b": [{}]}
     study = optuna.create_study()
-    studies.enqueue_defaults(study, spaces, [("a", {"k": 2}), ("gone", {}), ("a", {"k": 9}), ("a", {"k": 2})])
+    studies.enqueue_starting_points(study, spaces, [("a", {"k": 2}), ("gone", {}), ("a", {"k": 9}), ("a", {"k": 2})])
     drawn = [studies.suggest(study.ask(), spaces) for _ in range(3)]
     assert drawn == [("a", {"k": 2}), ("a", {"k": 1}), ("b", {})]
 

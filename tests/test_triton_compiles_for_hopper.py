@@ -1,0 +1,119 @@
+"""Every kernel a ``triton`` variant's forward launches compiles for Hopper (sm_90), on the CPU.
+
+Running a kernel needs the GPU; compiling it needs only Triton's compiler and the ptxas that
+ships with it. So CI catches here what otherwise costs device time: a kernel that no longer
+compiles for the GPU (the interpreter runs Python, not Triton's compiler), or a configuration
+whose stages and epilogue overflow the 227 KB of shared memory a block may have on an H100. A
+knob tried on the device did that (flattened tile loops: 278 KB; tests/device/NOTES.md, seventh
+session), and a space that offers such configurations wastes tuning trials on them.
+
+Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
+modules swapped for recorders, with and without a gradient needed (the kernels then also store
+what the backward reads). Each recorded launch is compiled with the types Triton would give
+its arguments. Configurations: per precision, the tuner's first, and the largest-footprint
+configuration of each operand path, with and without TMA.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from autofuse import registry, triton_variant as tv
+from autofuse.verify import CheckCase, build_case
+
+pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
+
+H100_SHARED = 232448  # bytes of shared memory one block may take on an H100 (227 KB)
+SHAPES = {"matmul_gelu_softmax": (8, 1024, 384), "matmul_clamp_lse_mish": (8, 1024, 384), "gemm_bn": (8, 1000, 384)}
+
+
+class _Launch:
+    def __init__(self, record, fn):
+        self.record, self.fn = record, fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.record.append((self.fn, args, kwargs))
+
+
+class _Recorder:
+    """A kernel module whose ``@triton.jit`` functions record their launches instead of running."""
+
+    def __init__(self, name, record):
+        self._module, self._record = importlib.import_module(name), record
+
+    def __getattr__(self, name):
+        import triton
+
+        value = getattr(self._module, name)
+        return _Launch(self._record, value) if isinstance(value, triton.runtime.jit.JITFunction) else value
+
+
+def recorded_launches(monkeypatch, problem, mode, precision, params, grad):
+    record = []
+    monkeypatch.setattr(tv, "_kernel_module", lambda name: _Recorder(name, record))
+    prob = registry.get_problem(problem)
+    shape = dict(zip(prob.dims, SHAPES[problem]))
+    model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", torch.float32, mode)
+    variant = registry.get_variant(problem, "triton")(precision, **params)
+    with torch.set_grad_enabled(grad):
+        model.requires_grad_(grad)
+        variant(model, x)
+    assert record, f"{problem}: the forward launched no kernel"
+    return record
+
+
+def compile_for_hopper(fn, args, kwargs):
+    """triton.compile of one recorded launch for sm_90, as the launch would have specialised it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    values = dict(zip(fn.arg_names, args)) | kwargs
+    signature, constants = {}, {}
+    for param in fn.params:
+        value = values.get(param.name, param.default)
+        if param.is_constexpr or value is None:
+            signature[param.name], constants[param.name] = "constexpr", value
+        else:
+            signature[param.name] = mangle_type(value)
+    return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def configurations(problem, precision):
+    """The tuner's first configuration, and per TMA choice the one whose stages take the most shared memory."""
+    cls = registry.get_variant(problem, "triton")
+    prob = registry.get_problem(problem)
+    configs = cls.configs_for(dict(zip(prob.dims, SHAPES[problem])), "cuda", precision)
+
+    def footprint(c):
+        _, _, x_bytes, w_bytes = tv.OPERANDS[c["operands"]]
+        return c["stages"] * (c["block_m"] * x_bytes + c["block_n"] * w_bytes) * c["block_k"]
+
+    chosen = [configs[0]]
+    for tma in (True, False):
+        mine = [c for c in configs if c["tma"] == tma]
+        if mine:
+            chosen.append(max(mine, key=footprint))
+    return chosen
+
+
+CASES = [(p, m) for p in SHAPES for m in (("train", "eval") if p == "gemm_bn" else ("train",))]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("problem,mode", CASES)
+def test_every_forward_kernel_compiles_for_hopper_within_its_shared_memory(monkeypatch, problem, mode, precision):
+    compiled = {}
+    for params in configurations(problem, precision):
+        for grad in (False, True):
+            for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision, params, grad):
+                kernel = compile_for_hopper(fn, args, dict(kwargs))
+                compiled[(fn.__name__, repr(sorted(params.items())), grad)] = kernel.metadata.shared
+                assert kernel.metadata.shared <= H100_SHARED, (
+                    f"{fn.__name__} at {params} (gradient {grad}): {kernel.metadata.shared} bytes of shared memory, "
+                    f"an H100 block has {H100_SHARED}")
+    names = {name for name, _, _ in compiled}
+    assert any("gemm" in name for name in names), names  # the GEMM itself was among them

@@ -9,7 +9,8 @@ Triton has compiled everything, then one call of the variant and one of cuBLAS a
 (bf16 on operands already cast) run between ``cudaProfilerStart`` and ``cudaProfilerStop``, so
 ncu sees those kernels only: the variant's operand pass (x rounded or cast), its GEMM with the
 epilogue inside, its finishing pass, and cuBLAS's GEMM. Without ``--params`` the variant runs
-the configuration the shipped table (benchmarks/table.json) chose for the key, else its default.
+the triton configuration the shipped table (benchmarks/table.json) recorded for the key (the
+best of its tune, whichever kind won), else its default.
 Run it with ``--page details --csv`` to a file; ``ncu_gemm.py --summarize FILE...`` then prints one
 line per kernel: duration, SM and DRAM throughput, registers, shared memory, threads, cluster,
 occupancy, issue-slot use.

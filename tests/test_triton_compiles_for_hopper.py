@@ -25,6 +25,8 @@ from autofuse.verify import CheckCase, build_case
 pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
 
 H100_SHARED = 232448  # bytes of shared memory one block may take on an H100 (227 KB)
+# (batch, K, N): sizes only pick the compiled code through EVEN_K and TMA. K = 1024 is a multiple of
+# every BLOCK_K, as at the default shapes; gemm_bn's K = 1000 compiles the masked K tail (TMA still allowed).
 SHAPES = {"matmul_gelu_softmax": (8, 1024, 384), "matmul_clamp_lse_mish": (8, 1024, 384), "gemm_bn": (8, 1000, 384)}
 
 
@@ -64,7 +66,8 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad):
 
 
 def compile_for_hopper(fn, args, kwargs):
-    """triton.compile of one recorded launch for sm_90, as the launch would have specialised it."""
+    """triton.compile of one recorded launch for sm_90, its arguments typed as Triton types them (without
+    the 16-byte divisibility hints it adds for aligned pointers: they change load widths, not buffers)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

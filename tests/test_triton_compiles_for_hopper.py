@@ -15,6 +15,7 @@ configuration of each operand path, with and without TMA.
 """
 
 import importlib
+import sys
 
 import pytest
 import torch
@@ -52,6 +53,13 @@ class _Recorder:
 
 
 def recorded_launches(monkeypatch, problem, mode, precision, params, grad):
+    # The kernel modules are imported anew with the interpreter off: another test of this session
+    # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
+    # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name in ["autofuse.triton_gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in SHAPES]:
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
     record = []
     monkeypatch.setattr(tv, "_kernel_module", lambda name: _Recorder(name, record))
     prob = registry.get_problem(problem)

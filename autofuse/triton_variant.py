@@ -84,17 +84,24 @@ def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
     for (bm, bn), bk, stages, warps, group, persistent, tma, operands in itertools.product(
             space["tiles"], space["block_ks"], space["stages"], space["warps"], space["groups"],
             (True, False), (True, False), OPERANDS):
-        _, _, x_bytes, w_bytes = OPERANDS[operands]
         if tma and not tma_ok:
             continue
+        config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
+                  "group_m": group, "persistent": persistent, "tma": tma, "operands": operands}
         accumulators = 2 if operands == "split_host" else 1  # split_dot keeps a k-slice's sum beside the total
-        if stages * (bm * x_bytes + bn * w_bytes) * bk > STAGE_BYTES:
+        if stage_bytes(config) > STAGE_BYTES:
             continue
         if accumulators * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
             continue
-        configs.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
-                        "group_m": group, "persistent": persistent, "tma": tma, "operands": operands})
+        configs.append(config)
     return configs
+
+
+def stage_bytes(config: dict[str, Any]) -> int:
+    """Shared memory the main loop's pipeline stages take: a BLOCK_M × BLOCK_K slice of x and a
+    BLOCK_N × BLOCK_K slice of W per stage, at the operands' bytes per element."""
+    _, _, x_bytes, w_bytes = OPERANDS[config["operands"]]
+    return config["stages"] * (config["block_m"] * x_bytes + config["block_n"] * w_bytes) * config["block_k"]
 
 
 def precision_configs(configs: list[dict[str, Any]], precision: str) -> list[dict[str, Any]]:

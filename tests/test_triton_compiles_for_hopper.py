@@ -99,15 +99,11 @@ def configurations(problem, precision):
     prob = registry.get_problem(problem)
     configs = cls.configs_for(dict(zip(prob.dims, SHAPES[problem])), "cuda", precision)
 
-    def footprint(c):
-        _, _, x_bytes, w_bytes = tv.OPERANDS[c["operands"]]
-        return c["stages"] * (c["block_m"] * x_bytes + c["block_n"] * w_bytes) * c["block_k"]
-
     chosen = [configs[0]]
     for tma in (True, False):
         mine = [c for c in configs if c["tma"] == tma]
         if mine:
-            chosen.append(max(mine, key=footprint))
+            chosen.append(max(mine, key=tv.stage_bytes))
     return chosen
 
 

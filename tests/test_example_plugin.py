@@ -118,7 +118,10 @@ def test_the_plugin_is_tuned_and_dispatched(plugin_env, tmp_path, problem, varia
     info = json.loads(_run(plugin_env, "-c", (
         "import json, torch, autofuse\n"
         f"m = autofuse.get_module({problem!r}, {init}, table={str(table)!r})\n"
-        f"info = m.dispatch_info(torch.rand({batch}, {init.split(',')[0]}))\n"
+        # no_grad: the inference entry, the one compared below (with grad on the parameters'
+        # requires_grad makes it the autograd entry, whose winner the tune may choose differently)
+        "with torch.no_grad():\n"
+        f"    info = m.dispatch_info(torch.rand({batch}, {init.split(',')[0]}))\n"
         "print(json.dumps({'variant': info['variant'], 'source': info['source']}))")).splitlines()[-1])
     entries = [e for d in json.loads(table.read_text())["devices"].values() for p in d["problems"].values()
                for s in p.values() for k, e in s.items() if "autograd=false" in k]

@@ -232,7 +232,7 @@ class Dispatcher:
                 if candidate.source != "tuned":
                     self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
                               f"{variant.name}, run at {candidate.precision}")
-                return variant, {"variant": variant.name, "params": candidate.entry.get("params", {}),
+                return variant, {"variant": variant.name, "params": variant.params,
                                  "source": candidate.source, "precision": candidate.precision, "entry": candidate.entry}
         for reason in passed_over_before(passed_over, None):
             self._say(f"{where}: passing over {reason}")
@@ -253,6 +253,7 @@ class Dispatcher:
                 raise ValueError(reason)
             params = entry.get("params", {})
             if not candidate.exact_shape:
+                params = variant_cls.params_elsewhere(params)
                 check_params(variant_cls, params, shape, device.type)
                 reason = variant_cls.only_where_gated(params)
                 if reason is not None:

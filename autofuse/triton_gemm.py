@@ -13,10 +13,12 @@ persistent, each program walking tiles ``num_programs`` apart.
   otherwise through pointer loads whose rows past M or N are clamped to valid ones (their
   results are never stored) and whose K tail is masked only when K % BLOCK_K != 0.
 - Precision (``operand_dot``, MODE): "3xtf32" is float32 accuracy from tensor cores: x = hi + lo
-  and W = hi + lo, each part rounded to TF32 to nearest before the kernel (W's split cached, x's
-  one pass per call, ``tf32_parts``), lo·hi + hi·lo + hi·hi per k-slice added to a float32
-  running sum (``split_dot``); every part is exactly a TF32 number, so the tensor cores
-  multiply it exactly. "tf32" multiplies x and W rounded to TF32 to nearest on the host (W once,
+  and W = hi + lo, lo·hi + hi·lo + hi·hi per k-slice added to a float32 running sum
+  (``split_dot``). W's parts are rounded to TF32 to nearest (cached). x's come two ways: both
+  parts rounded to nearest by one pass per call (``tf32_parts``), or hi = x itself, which the
+  tensor cores truncate to TF32 as they read it, and lo = x − trunc(x) rounded to nearest
+  (``tf32_low_part``): the pass then writes lo alone, a third less traffic. Either way every
+  part the tensor cores see stands for an exact TF32 number. "tf32" multiplies x and W rounded to TF32 to nearest on the host (W once,
   x by a pass per call: the tensor cores would truncate them, a bias the tf32 gate rejected).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
@@ -25,7 +27,9 @@ persistent, each program walking tiles ``num_programs`` apart.
   5e-2 and NaN where the interpreter and the host-side splits are exact; tests/device/NOTES.md).
 - Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bfloat16 blocks wrongly
   (numpy sees their raw bits), so under it (INTERPRET) bf16 operands are multiplied as float32:
-  the same products, float32 sums.
+  the same products, float32 sums. It multiplies float32 blocks exactly, so under it TF32
+  products truncate their operands first, as the tensor cores do (``tensor_core_tf32``): a
+  split that counted on the rounding (hi = x above) would be wrong on the GPU and right here.
 """
 
 import triton
@@ -58,8 +62,21 @@ def split_dot(a, a_lo, b, b_lo, acc):
 
 
 @triton.jit
+def tensor_core_tf32(v):
+    """``v`` (float32) as a TF32 tensor core reads it: the low 13 mantissa bits dropped (truncation).
+    The interpreter's model of the hardware; the GPU does it in the multiply itself."""
+    return (v.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 only."""
+    if INTERPRET and (MODE == "3xtf32" or MODE == "tf32"):
+        a = tensor_core_tf32(a)
+        b = tensor_core_tf32(b)
+        if MODE == "3xtf32":
+            a_lo = tensor_core_tf32(a_lo)
+            b_lo = tensor_core_tf32(b_lo)
     if MODE == "3xtf32":
         return split_dot(a, a_lo, b, b_lo, acc)
     elif MODE == "bf16":
@@ -141,6 +158,19 @@ def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.conste
     if SPLIT:
         lo = ((v - hi).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
         tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
+
+
+@triton.jit
+def tf32_low_part(src_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    """lo = (src − trunc(src)) rounded to TF32 to nearest: x's low part when its high part is x
+    itself, truncated by the tensor cores (``tensor_core_tf32``). One pass writing lo alone.
+    trunc(src) + lo is src to 2⁻²² of its magnitude (lo has up to 13 significant bits, of which
+    TF32 keeps 11); inf and NaN give a NaN lo, as src − src does."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offsets < n
+    v = tl.load(src_ptr + offsets, mask=ok, other=0.0)
+    lo = ((v - tensor_core_tf32(v)).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
+    tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
 
 
 @triton.jit

@@ -47,11 +47,14 @@ GROUPS = (8, 16)
 # split (input_precision="tf32x3") is not offered: 0.63-0.73x cuBLAS fp32 where split_host is
 # 0.48, and it failed the fp32 gate where split_host passed (x's gradient of matmul_gelu_softmax at
 # 37×1004×777, large inputs: 2.9e-5 > 2.15e-5; H100), though its logits alone were as accurate.
-# Nor is x left for the tensor cores to truncate (W rounded, no pass over x): it won 22's tf32
-# tune (0.330 ms, cuBLAS + epilogue 0.360), but truncation is biased, and 22's gradient missed
-# the tf32 gate by 20x on plain randn inputs at batch 37 (0.089 > 0.0046; H100).
+# Under tf32, x is not left for the tensor cores to truncate (W rounded, no pass over x): it won
+# 22's tf32 tune (0.330 ms, cuBLAS + epilogue 0.360), but truncation is biased, and 22's gradient
+# missed the tf32 gate by 20x on plain randn inputs at batch 37 (0.089 > 0.0046; H100). Under
+# 3xTF32 it may be (split_trunc): the low part x − trunc(x) undoes the truncation, and x's pass
+# writes one tensor instead of two.
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
+    "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
 }
@@ -59,7 +62,7 @@ OPERANDS = {
 # at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe").
 DEFAULTS = {
     "fp32": {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
-             "persistent": True, "tma": True, "operands": "split_host"},
+             "persistent": True, "tma": True, "operands": "split_trunc"},
     "tf32": {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "round_host"},
     "bf16": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
@@ -88,7 +91,7 @@ def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
             continue
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
                   "group_m": group, "persistent": persistent, "tma": tma, "operands": operands}
-        accumulators = 2 if operands == "split_host" else 1  # split_dot keeps a k-slice's sum beside the total
+        accumulators = 2 if OPERANDS[operands][1] == "3xtf32" else 1  # split_dot: a k-slice's sum beside the total
         if stage_bytes(config) > STAGE_BYTES:
             continue
         if accumulators * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
@@ -139,7 +142,7 @@ def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(W's operand, W's low part) for ``operands``; the low part is the operand again unless split."""
-    if operands == "split_host":
+    if operands in ("split_host", "split_trunc"):
         return split_tf32(w)
     if operands == "round_host":
         hi = round_tf32(w)
@@ -154,11 +157,15 @@ def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch
 def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(x's operand, x's low part) for ``operands``: one pass over x where they need one (a Triton
     kernel for the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
+    block = 4096
+    if operands == "split_trunc":  # hi is x: the tensor cores truncate it
+        lo = torch.empty_like(x)
+        gemm_kernels().tf32_low_part[(-(-x.numel() // block),)](x, lo, x.numel(), BLOCK=block, num_warps=8)
+        return x, lo
     if operands in ("split_host", "round_host"):
         split = operands == "split_host"
         hi = torch.empty_like(x)
         lo = torch.empty_like(x) if split else hi
-        block = 4096
         gemm_kernels().tf32_parts[(-(-x.numel() // block),)](x, hi, lo, x.numel(), SPLIT=split, BLOCK=block,
                                                               num_warps=8)
         return hi, lo
@@ -240,6 +247,16 @@ class TritonVariant(Variant):
     @classmethod
     def configs_for(cls, shape, device, precision):
         return precision_configs(cls.configs(shape, device), precision)
+
+    @classmethod
+    def params_elsewhere(cls, params):
+        # x left for the tensor cores to truncate (split_trunc) is 0.7-1% faster than split_host but
+        # less accurate in its low parts (2⁻²² of x against 2⁻²³): it failed the fp32 gate where
+        # split_host passed (matmul_gelu_softmax, 37×1004×777, large inputs: x's gradient 3.04e-5 >
+        # 2.15e-5, 4× eager's; H100). So it serves the shapes it was gated at, split_host the rest.
+        if params.get("operands") == "split_trunc":
+            return {**params, "operands": "split_host"}
+        return dict(params)
 
     @classmethod
     def only_where_gated(cls, params):

@@ -80,6 +80,13 @@ class Variant:
         return cls.configs(shape, device)
 
     @classmethod
+    def params_elsewhere(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The configuration to run where ``params`` were not gated (the dispatcher's nearest-batch
+        fallback): ``params`` themselves, unless a configuration passes the gate only at some
+        shapes and has a neighbour that passes everywhere (the triton kind's split_trunc)."""
+        return dict(params)
+
+    @classmethod
     def only_where_gated(cls, params: Mapping[str, Any]) -> str | None:
         """Why ``params`` may serve only the exact shape the gate passed it at (None: it may serve
         a neighbouring batch, as the dispatcher's nearest-batch fallback does)."""

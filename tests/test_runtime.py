@@ -389,3 +389,21 @@ def test_a_tf32_product_entry_serves_only_the_shape_it_was_gated_at(monkeypatch,
     assert (info["variant"] == "triton") == served, info
     if not served:
         assert operands in caplog.text and info["source"] == "unusable entry: reference", caplog.text
+
+
+@pytest.mark.skipif(__import__("autofuse.triton_variant").triton_variant.triton_missing() is not None,
+                    reason="needs triton")
+def test_x_left_to_the_tensor_cores_serves_its_gated_shape_and_the_host_split_elsewhere(monkeypatch):
+    """split_trunc failed the fp32 gate at a shape where split_host passed (H100): an entry tuned
+    with it runs it at its own shape and the same tiles with split_host at a neighbouring batch."""
+    from autofuse import triton_variant
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
+    params = next(c for c in triton_variant.gemm_configs(IN, "cpu") if c["operands"] == "split_trunc")
+    record("matmul_gelu_softmax", 2 * B, IN, OUT, variant="triton", precision="fp32", params=params)
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad():
+        gated, elsewhere = module.dispatch_info(torch.randn(2 * B, IN)), module.dispatch_info(torch.randn(B, IN))
+    assert gated["variant"] == elsewhere["variant"] == "triton", (gated, elsewhere)
+    assert gated["params"] == params and gated["source"] == "tuned"
+    assert elsewhere["params"] == {**params, "operands": "split_host"}, elsewhere

@@ -42,6 +42,10 @@ def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
     _run("avgpool_backward")
 
 
+def test_x_tf32_parts_and_the_interpreters_tensor_core_truncation():
+    _run("tf32_operands")
+
+
 def test_a_wrong_kernel_fails_the_interpreted_gate():
     _run("mutant_fails")
 

@@ -5,7 +5,8 @@
 matmul_gelu_softmax's kernel stores its logits y = x·Wᵀ + b when a gradient needs them; this
 compares them with float64 (relative L2 and max relative error) at each BLOCK_K (a fresh
 tensor-core accumulator per k-slice: the hardware's truncating accumulation spans one slice),
-for the split on the host and Triton's own tf32x3, beside cuBLAS fp32 and, as the lower bound
+for x split on the host into two rounded parts (split_host) and into x itself plus the low part of
+its truncation (split_trunc), beside cuBLAS fp32 and, as the lower bound
 of the split itself, the three products summed exactly in float64.
 """
 
@@ -46,7 +47,12 @@ def main():
             wh, wl = split_tf32(w)
             three = xh.double() @ wh.double().T + xh.double() @ wl.double().T + xl.double() @ wh.double().T + b.double()
             row["split_exact_sum"] = errors(three, exact)
-            for operands in ("split_host",):
+            xt = (x.view(torch.int32) & -0x2000).view(torch.float32)  # x as the tensor cores truncate it
+            xl = x - xt
+            xl = ((xl.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+            three = xt.double() @ wh.double().T + xt.double() @ wl.double().T + xl.double() @ wh.double().T + b.double()
+            row["split_trunc_exact_sum"] = errors(three, exact)
+            for operands in ("split_host", "split_trunc"):
                 for bk in map(int, args.block_ks.split(",")):
                     params = {"block_m": 128, "block_n": 128, "block_k": bk, "stages": 3, "warps": 8, "group_m": 8,
                               "persistent": True, "tma": shape["in_features"] % 8 == 0, "operands": operands}

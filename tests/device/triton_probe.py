@@ -32,9 +32,10 @@ from autofuse.verify import CheckCase, build_case, check_variant
 PROBLEMS = {"99": ("matmul_gelu_softmax", [None]), "22": ("matmul_clamp_lse_mish", [None]),
             "bn": ("gemm_bn", ["train", "eval"])}
 CANDIDATES = {  # (block_m, block_n, block_k, stages, warps, persistent, tma, operands)
-    "fp32": [(128, 128, 32, 3, 8, True, True, "split_host"), (128, 128, 32, 3, 8, False, False, "split_host"),
-             (128, 256, 32, 2, 8, True, True, "split_host"), (128, 64, 32, 4, 4, True, True, "split_host"),
-             (128, 128, 32, 4, 8, False, False, "split_host")],
+    "fp32": [(128, 128, 32, 3, 8, True, True, "split_host"), (128, 128, 32, 3, 8, True, True, "split_trunc"),
+             (128, 128, 32, 4, 8, True, True, "split_trunc"), (128, 128, 32, 3, 8, False, True, "split_trunc"),
+             (128, 128, 32, 3, 8, False, False, "split_host"), (128, 256, 32, 2, 8, True, True, "split_host"),
+             (128, 64, 32, 4, 4, True, True, "split_host"), (128, 128, 32, 4, 8, False, False, "split_host")],
     "tf32": [(128, 256, 32, 3, 8, True, True, "round_host"), (128, 256, 32, 3, 8, False, True, "round_host"),
              (128, 256, 32, 4, 8, True, True, "round_host")],
     "bf16": [(128, 256, 64, 3, 8, True, True, "cast_pass"), (128, 256, 64, 4, 8, True, True, "cast_pass"),

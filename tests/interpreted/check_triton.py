@@ -27,7 +27,7 @@ CONFIGS = {  # the two schedules and both operand paths
                  "persistent": False, "tma": True},
 }
 # How the operands reach the dot, per precision and configuration (every kind is run by one of the two).
-OPERANDS = {"fp32": ("split_host", "split_host"), "tf32": ("round_host", "round_host"), "bf16": ("cast_pass", "cast_pass")}
+OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_host", "round_host"), "bf16": ("cast_pass", "cast_pass")}
 
 
 def gate(problem: str, config: str, precisions: str) -> list[str]:
@@ -141,6 +141,53 @@ def avgpool_backward() -> list[str]:
 
 
 @triton.jit
+def _tf32_dot_kernel(a_ptr, b_ptr, out_ptr, MODE: tl.constexpr):
+    from autofuse.triton_gemm import operand_dot
+
+    r = tl.arange(0, 16)
+    a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+    acc = operand_dot(a, a, b, b, tl.zeros((16, 16), dtype=tl.float32), MODE, True)
+    tl.store(out_ptr + r[:, None] * 16 + r[None, :], acc)
+
+
+def tf32_operands() -> list[str]:
+    """x's TF32 parts as the kernels make them, and the interpreter's model of the tensor cores.
+
+    - ``tf32_parts``: hi is x rounded to nearest (``round_tf32``), lo the rest rounded likewise.
+    - ``tf32_low_part`` (split_trunc): lo is exactly a TF32 number and trunc(x) + lo is x to 2⁻²².
+    - A TF32 dot under the interpreter multiplies truncated operands, as the GPU does: x with
+      13 low bits set times the identity gives trunc(x), not x. Without that model, split_trunc
+      would count x's low part twice here and still pass (the sums would be right to 2⁻¹¹).
+    """
+    from autofuse import triton_variant as tv
+    from autofuse.triton_gemm import tf32_low_part, tf32_parts
+
+    failures = []
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(5003, generator=generator) * torch.logspace(-20, 20, 5003)
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    tf32_parts[(2,)](x, hi, lo, x.numel(), SPLIT=True, BLOCK=4096)
+    if not torch.equal(hi, tv.round_tf32(x)) or not torch.equal(lo, tv.round_tf32(x - hi)):
+        failures.append("tf32_parts: hi or lo differs from rounding to nearest on the host")
+    tf32_low_part[(2,)](x, lo, x.numel(), BLOCK=4096)
+    trunc = (x.view(torch.int32) & -0x2000).view(torch.float32)
+    exact = (lo.view(torch.int32) & 0x1FFF == 0).all().item()
+    error = ((trunc.double() + lo.double() - x.double()).abs() / x.double().abs()).max().item()
+    print("tf32_low_part: lo a TF32 number", exact, f"max relative error of trunc(x) + lo {error:.3g}", flush=True)
+    if not exact or not error <= 2.0 ** -22:
+        failures.append(f"tf32_low_part: lo exact TF32 {exact}, trunc(x) + lo off by {error:.3g} > 2^-22")
+    a = 1.0 + torch.arange(256, dtype=torch.float32).reshape(16, 16) * 2.0 ** -8 + 2.0 ** -12  # low bits set
+    out = torch.empty(16, 16)
+    for mode in ("tf32", "3xtf32"):
+        _tf32_dot_kernel[(1,)](a, torch.eye(16), out, MODE=mode)
+        want = (a.view(torch.int32) & -0x2000).view(torch.float32) * (1 if mode == "tf32" else 3)  # 3 products
+        if not torch.equal(out, want):
+            failures.append(f"an interpreted {mode} dot does not truncate its operands to TF32")
+    return failures
+
+
+@triton.jit
 def _tanh_gelu(v):
     """GELU's tanh approximation: a different function from F.gelu's exact erf form."""
     u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
@@ -214,7 +261,8 @@ if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
-                "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output}
+                "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
+                "tf32_operands": tf32_operands}
     found = problems[check](*args)
     for line in found:
         print("FAIL:", line)

@@ -101,8 +101,25 @@ def backward_gemms(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, prec
     if need_x:
         dx = dy.to(weight.dtype) @ weight
     if need_weight:
-        dw = dy.t().to(x.dtype) @ x
+        dw = _weight_gradient(dy.to(x.dtype), x, precision)
     return dx, dw
+
+
+def _weight_gradient(dy: torch.Tensor, x: torch.Tensor, precision: str) -> torch.Tensor:
+    """dW = dyᵀ·x, contracting over the batch: the slow dimension of both dy and x.
+
+    Under tf32 on CUDA the product takes K-major copies of both (dyᵀ and xᵀ, made by a Triton
+    transpose): Hopper's tensor cores read TF32 operands K-major only, and cuBLAS's kernel for
+    the layout as it is took 0.569 ms where the K-major product takes 0.397 (1024×8192×8192)
+    and 2.035 against 1.261 (16384×4096×4096; H100, tests/device/backward_layouts.py). torch's
+    own copies (0.070 and 0.556 ms each) ate most of that; see ``triton_variant.transposed``.
+    Under fp32 and bf16 the layouts cost nothing, so dW takes them as they are.
+    """
+    if precision == "tf32" and dy.is_cuda:
+        from autofuse.triton_variant import transposed  # imports triton on first use only
+
+        return transposed(dy) @ transposed(x).t()
+    return dy.t() @ x
 
 
 def _bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -175,6 +175,19 @@ def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.
     return x, x
 
 
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """``t.t().contiguous()`` for a 2-D float32 tensor, by a Triton kernel where one can run
+    (``fused_kernels_apply``): torch's copy of a transposed view moved 0.9 TB/s on an H100
+    (0.070 ms for 1024×8192), where the backward's GEMMs need two such copies per step."""
+    rows, cols = t.shape
+    block = 64
+    if not fused_kernels_apply(t) or -(-cols // block) > 65535:  # the grid's second dimension
+        return t.t().contiguous()
+    out = torch.empty(cols, rows, device=t.device, dtype=t.dtype)
+    gemm_kernels().transpose[(-(-rows // block), -(-cols // block))](t, out, rows, cols, BLOCK=block, num_warps=4)
+    return out
+
+
 def fused_kernels_apply(*tensors: torch.Tensor) -> bool:
     """Whether a backward's Triton kernels can take these tensors: float32 and contiguous, on
     CUDA (or on the CPU under the interpreter), with Triton importable. Else the torch formula runs."""

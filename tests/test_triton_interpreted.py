@@ -46,6 +46,10 @@ def test_x_tf32_parts_and_the_interpreters_tensor_core_truncation():
     _run("tf32_operands")
 
 
+def test_the_backwards_transpose_kernel_interpreted():
+    _run("transpose")
+
+
 def test_a_wrong_kernel_fails_the_interpreted_gate():
     _run("mutant_fails")
 

@@ -187,6 +187,22 @@ def tf32_operands() -> list[str]:
     return failures
 
 
+def transpose() -> list[str]:
+    """``triton_variant.transposed`` (the backward's K-major copies) equals torch's transpose at
+    shapes that end in partial tiles both ways, batch 1 and a single column included."""
+    from autofuse import triton_variant as tv
+
+    generator = torch.Generator().manual_seed(4)
+    failures = []
+    for rows, cols in ((1, 37), (37, 1), (37, 53), (130, 67), (64, 128)):
+        t = torch.randn(rows, cols, generator=generator)
+        got = tv.transposed(t)
+        print("transpose", (rows, cols), tuple(got.shape), flush=True)
+        if not torch.equal(got, t.t().contiguous()) or not got.is_contiguous():
+            failures.append(f"transpose of {(rows, cols)} differs from torch's")
+    return failures
+
+
 @triton.jit
 def _tanh_gelu(v):
     """GELU's tanh approximation: a different function from F.gelu's exact erf form."""
@@ -262,7 +278,7 @@ if __name__ == "__main__":
     problems = {"gate": gate, "backward_kernels": backward_kernels,
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
-                "tf32_operands": tf32_operands}
+                "tf32_operands": tf32_operands, "transpose": transpose}
     found = problems[check](*args)
     for line in found:
         print("FAIL:", line)

@@ -1,0 +1,102 @@
+"""Where a training step's time goes, variant beside variant: each kernel's device time per step.
+
+    python3 tests/device/profile_step.py matmul_clamp_lse_mish --precision tf32 \
+        [--mode train] [--variants triton,compiled,cublas_epilogue] [--table benchmarks/table.json] [--shape-index 1]
+
+At one of the problem's default shapes (KernelBench's inputs), each variant runs the training step
+the tuner and ``autofuse bench --step backward`` time (``autofuse.step.training_call``) with the
+parameters its table record has for the autograd key (the entry's own if it won, else its
+``candidates`` record), or its default configuration. Printed per variant: the kernels' device
+time per step (L2 flushed before each step, the flush excluded), the host's time to issue one
+step (no synchronisation: what a caller waits before the GPU has the work), and then all of them
+timed interleaved with CUDA events. For "the parts add to less than the whole" and "which
+kernel does torch.compile not have".
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from autofuse import registry, timing
+from autofuse.step import training_call
+from autofuse.verify import CheckCase, build_case
+
+
+def recorded_params(table: str | None, problem: str, shape: dict, mode: str, precision: str, variant: str):
+    """The variant's parameters in the table's autograd entry for this key, or None."""
+    if not table:
+        return None
+    shape_key = ",".join(f"{k}={v}" for k, v in shape.items())
+    dkey = f"dtype=float32,precision={precision},mode={mode},autograd=true"
+    for device in json.load(open(table)).get("devices", {}).values():
+        entry = device.get("problems", {}).get(problem, {}).get(shape_key, {}).get(dkey)
+        if entry is None:
+            continue
+        if entry.get("variant") == variant:
+            return entry.get("params", {})
+        if variant in entry.get("candidates", {}):
+            return entry["candidates"][variant].get("params", {})
+    return None
+
+
+def step_kernels(step, device, steps=20) -> list[tuple[str, float]]:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            timing._flush_l2(device)
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / steps / 1000.0) for e in prof.key_averages()]
+    return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])
+
+
+def host_ms(step, steps=20) -> float:
+    """Median host time to issue one step, each started on an idle GPU."""
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("problem")
+    ap.add_argument("--precision", default="tf32")
+    ap.add_argument("--mode", default="train")
+    ap.add_argument("--variants", default="triton,compiled,cublas_epilogue")
+    ap.add_argument("--table", default="benchmarks/table.json")
+    ap.add_argument("--shape-index", type=int, default=0, help="which of the problem's default shapes")
+    args = ap.parse_args()
+    prob = registry.get_problem(args.problem)
+    shape = dict(prob.default_shapes[args.shape_index])
+    device = torch.device("cuda")
+    mode = args.mode if prob.mode_sensitive else "any"
+    steps = {}
+    for name in args.variants.split(","):
+        model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, torch.float32, args.mode)
+        cls = registry.get_variant(args.problem, name)
+        params = recorded_params(args.table, args.problem, shape, mode, args.precision, name)
+        params = cls.configs(shape, "cuda")[0] if params is None else params
+        variant = cls(args.precision, **params)
+        variant.build("cuda")
+        steps[f"{name} {params}"] = training_call(variant, model, x, precision=args.precision)
+    for label, step in steps.items():
+        kernels = step_kernels(step, device)
+        flush = next((t for k, t in kernels if "zero" in k or "fill" in k.lower()), 0.0)
+        print(f"== {label}: {sum(t for _, t in kernels) - flush:.4f} ms of kernels a step (L2 flush excluded), "
+              f"host issues a step in {host_ms(step):.3f} ms", flush=True)
+        for key, t in kernels:
+            print(f"  {t:8.4f} ms  {key[:120]}")
+    for label, t in timing.time_interleaved(steps, device, rounds=10).items():
+        print(f"timed (events, interleaved): {label}: {t.median_ms:.4f} [{t.p20_ms:.4f}-{t.p80_ms:.4f}]")
+
+
+if __name__ == "__main__":
+    main()

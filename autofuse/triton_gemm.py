@@ -18,8 +18,9 @@ persistent, each program walking tiles ``num_programs`` apart.
   parts rounded to nearest by one pass per call (``tf32_parts``), or hi = x itself, which the
   tensor cores truncate to TF32 as they read it, and lo = x − trunc(x) rounded to nearest
   (``tf32_low_part``): the pass then writes lo alone, a third less traffic. Either way every
-  part the tensor cores see stands for an exact TF32 number. "tf32" multiplies x and W rounded to TF32 to nearest on the host (W once,
-  x by a pass per call: the tensor cores would truncate them, a bias the tf32 gate rejected).
+  part the tensor cores see stands for an exact TF32 number. "tf32" multiplies x and W rounded
+  to TF32 to nearest on the host (W once, x by a pass per call: the tensor cores would truncate
+  them, a bias the tf32 gate rejected).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
   the dot: on an H100 with Triton 3.6, rounding or splitting x in registers before a TF32 dot, or

@@ -181,7 +181,7 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
     (0.070 ms for 1024×8192), where the backward's GEMMs need two such copies per step."""
     rows, cols = t.shape
     block = 64
-    if not fused_kernels_apply(t) or -(-cols // block) > 65535:  # the grid's second dimension
+    if not fused_kernels_apply(t) or t.numel() == 0 or -(-cols // block) > 65535:  # the grid's second dimension
         return t.t().contiguous()
     out = torch.empty(cols, rows, device=t.device, dtype=t.dtype)
     gemm_kernels().transpose[(-(-rows // block), -(-cols // block))](t, out, rows, cols, BLOCK=block, num_warps=4)

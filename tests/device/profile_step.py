@@ -22,6 +22,7 @@ import torch
 from autofuse import registry, timing
 from autofuse.step import training_call
 from autofuse.verify import CheckCase, build_case
+from profile_variant import kernel_times, without_flush  # this folder: the script's own path
 
 
 def recorded_params(table: str | None, problem: str, shape: dict, mode: str, precision: str, variant: str):
@@ -39,19 +40,6 @@ def recorded_params(table: str | None, problem: str, shape: dict, mode: str, pre
         if variant in entry.get("candidates", {}):
             return entry["candidates"][variant].get("params", {})
     return None
-
-
-def step_kernels(step, device, steps=20) -> list[tuple[str, float]]:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            timing._flush_l2(device)
-            step()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / steps / 1000.0) for e in prof.key_averages()]
-    return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])
 
 
 def host_ms(step, steps=20) -> float:
@@ -88,9 +76,8 @@ def main():
         variant.build("cuda")
         steps[f"{name} {params}"] = training_call(variant, model, x, precision=args.precision)
     for label, step in steps.items():
-        kernels = step_kernels(step, device)
-        flush = next((t for k, t in kernels if "zero" in k or "fill" in k.lower()), 0.0)
-        print(f"== {label}: {sum(t for _, t in kernels) - flush:.4f} ms of kernels a step (L2 flush excluded), "
+        kernels = kernel_times(step, device, calls=20)
+        print(f"== {label}: {without_flush(kernels):.4f} ms of kernels a step (L2 flush excluded), "
               f"host issues a step in {host_ms(step):.3f} ms", flush=True)
         for key, t in kernels:
             print(f"  {t:8.4f} ms  {key[:120]}")

@@ -6,8 +6,9 @@ tensors that may need gradients (``inputs``); it returns the output and the tens
 problem's backward needs (``saved``). ``fused_call`` runs it plainly when no gradient is
 needed (no autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The
 backward is the problem's (``variants/<problem>/gradients.py``): the epilogue's backward
-fused into one pass, then the GEMMs of the backward through cuBLAS at the forward's precision
-(``backward_gemms``). A forward that cannot cheaply save an intermediate saves None in its
+fused into one pass, which writes ∂L/∂y in the layouts the GEMMs after it want and the bias
+gradient's partial sums (``GradLayouts``), then the GEMMs of the backward through cuBLAS at the
+forward's precision (``backward_gemms``). A forward that cannot cheaply save an intermediate saves None in its
 place and the backward recomputes it (the SIMT CUDA kernels never store the logits).
 
 The backward runs when the caller's ``loss.backward()`` runs, outside the variant's
@@ -81,18 +82,81 @@ def fused_call(op: FusedOp, *inputs: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def backward_gemms(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, precision: str,
+@dataclasses.dataclass(frozen=True)
+class GradLayouts:
+    """What a fused epilogue backward writes of ∂L/∂y (y = x·Wᵀ + b), in its one pass over y.
+
+    ``rows``: dy itself (batch × out), for dx = dy·W, and for dW where dyᵀ is not wanted.
+    ``cols``: dyᵀ (out × batch, contiguous) for dW = dyᵀ·x under tf32. Hopper's tensor cores read
+    TF32 operands K-major only, and dW contracts over the batch, the slow dimension of both dy and
+    x: cuBLAS's kernel for that took 0.570 ms where the same product with dyᵀ given took 0.417
+    (1024×8192×8192), 2.042 against 1.330 (16384×4096×4096; H100, tests/device/backward_layouts.py).
+    One K-major operand is enough (both: 0.401 and 1.291), and the backward kernel writes dyᵀ for
+    the cost of writing dy, where a transpose pass took 0.027 and 0.188 ms.
+    ``sums``: Σ_rows dy (the bias gradient), as float32 partial sums per block of rows.
+    ``dtype``: of dy and dyᵀ: bfloat16 under bf16 (the backward GEMMs' operand dtype), else float32.
+    """
+
+    rows: bool
+    cols: bool
+    sums: bool
+    dtype: torch.dtype = torch.float32
+
+
+def grad_layouts(precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
+    """The layouts of ∂L/∂y that the backward GEMMs and the bias gradient of ``needs`` want."""
+    cols = need_weight and precision == "tf32"
+    return GradLayouts(rows=need_x or (need_weight and not cols), cols=cols, sums=need_bias,
+                       dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+@dataclasses.dataclass
+class GemmGrad:
+    """∂L/∂y as an epilogue backward wrote it (``GradLayouts``): dy, dyᵀ, Σ_rows dy (each or None)."""
+
+    dy: torch.Tensor | None
+    dy_t: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, dy: torch.Tensor, layouts: GradLayouts) -> GemmGrad:
+        """From dy computed in full (a torch formula): dy in the layouts' dtype where it is float32
+        (float64 stays, for gradcheck), its row sum, and no dyᵀ (``backward_gemms`` copies x instead)."""
+        rows = dy.to(layouts.dtype) if dy.dtype == torch.float32 else dy
+        return cls(rows, None, reduce_rows(dy) if layouts.sums else None)
+
+
+class GradBuffers:
+    """The outputs of a Triton epilogue backward for ``layouts`` at (M rows, N columns), whose
+    programs take ``row_block`` rows each (the partial sums' blocks), and its launch arguments:
+    ``dy_ptr``, ``dyt_ptr``, ``part_ptr`` (None where not written) and ROWS, COLS, SUMS."""
+
+    def __init__(self, layouts: GradLayouts, m: int, n: int, row_block: int, device: torch.device):
+        self.dy = torch.empty(m, n, device=device, dtype=layouts.dtype) if layouts.rows else None
+        self.dy_t = torch.empty(n, m, device=device, dtype=layouts.dtype) if layouts.cols else None
+        self.parts = torch.empty(-(-m // row_block), n, device=device) if layouts.sums else None
+        self.args = {"dy_ptr": self.dy, "dyt_ptr": self.dy_t, "part_ptr": self.parts,
+                     "ROWS": layouts.rows, "COLS": layouts.cols, "SUMS": layouts.sums}
+
+    def result(self) -> GemmGrad:
+        return GemmGrad(self.dy, self.dy_t, None if self.parts is None else self.parts.sum(0))
+
+
+def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str,
                    need_x: bool, need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dW) of y = x·Wᵀ given dy = ∂L/∂y: dx = dy·W and dW = dyᵀ·x through cuBLAS.
+    """(dx, dW) of y = x·Wᵀ given ∂L/∂y: dx = dy·W and dW = dyᵀ·x through cuBLAS.
 
     At the forward's precision (the caller's ``math_mode``): float32 (TF32 per the mode), or
     under bf16 with bfloat16 operands, float32 accumulation and float32 results, as the
     forward's GEMM. ``weight`` is the forward's GEMM operand (under bf16 its cached bfloat16
     copy), so the backward reads the operand the forward used.
     """
-    dx = dw = None
+    dy, dx, dw = grad.dy, None, None
+    if not (need_x or need_weight):
+        return None, None
     if precision == "bf16" and x.dtype == torch.float32:
-        dyb, wb = dy.bfloat16(), weight.bfloat16()
+        wb = weight.bfloat16()
+        dyb = dy.bfloat16()  # written in bfloat16 by the fused kernels: no pass
         if need_x:
             dx = _bf16_mm(dyb, wb)
         if need_weight:
@@ -101,24 +165,26 @@ def backward_gemms(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, prec
     if need_x:
         dx = dy.to(weight.dtype) @ weight
     if need_weight:
-        dw = _weight_gradient(dy.to(x.dtype), x, precision)
+        dw = _weight_gradient(grad, x, precision)
     return dx, dw
 
 
-def _weight_gradient(dy: torch.Tensor, x: torch.Tensor, precision: str) -> torch.Tensor:
+def _weight_gradient(grad: GemmGrad, x: torch.Tensor, precision: str) -> torch.Tensor:
     """dW = dyᵀ·x, contracting over the batch: the slow dimension of both dy and x.
 
-    Under tf32 on CUDA the product takes K-major copies of both (dyᵀ and xᵀ, made by a Triton
-    transpose): Hopper's tensor cores read TF32 operands K-major only, and cuBLAS's kernel for
-    the layout as it is took 0.569 ms where the K-major product takes 0.397 (1024×8192×8192)
-    and 2.035 against 1.261 (16384×4096×4096; H100, tests/device/backward_layouts.py). torch's
-    own copies (0.070 and 0.556 ms each) ate most of that; see ``triton_variant.transposed``.
-    Under fp32 and bf16 the layouts cost nothing, so dW takes them as they are.
+    Under tf32, from dyᵀ where the epilogue backward wrote it (``GradLayouts``), else on CUDA
+    from a K-major copy of x made by a Triton transpose (``triton_variant.transposed``): with x
+    copied the product took 0.381 and 1.305 ms (the shapes of ``GradLayouts``; torch's own copy
+    of a transposed view runs at 0.9 TB/s, a third of the Triton one's). Under fp32 and bf16 the
+    layouts cost nothing, so dW takes them as they are.
     """
+    if precision == "tf32" and grad.dy_t is not None:
+        return grad.dy_t.to(x.dtype) @ x
+    dy = grad.dy.to(x.dtype)
     if precision == "tf32" and dy.is_cuda:
         from autofuse.triton_variant import transposed  # imports triton on first use only
 
-        return transposed(dy) @ transposed(x).t()
+        return dy.t() @ transposed(x).t()
     return dy.t() @ x
 
 

@@ -186,6 +186,28 @@ def transpose(src_ptr, dst_ptr, rows, cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                   SUMS: tl.constexpr):
+    """Store one (rows × cols) tile of an epilogue backward's ∂L/∂y (M × N, float32) in the layouts
+    ``autograd.GradLayouts`` names: dy (ROWS), dyᵀ (COLS; N × M, so dW's operand is K-major),
+    and the tile's column sums (SUMS) in the partial sums' row of the program's row block, the
+    launch's first axis. dy and dyᵀ take their pointers' dtype (bfloat16 under bf16); the sums
+    stay float32."""
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    dy = tl.where(mask, dy, 0.0)
+    if ROWS:
+        tl.store(dy_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], dy.to(dy_ptr.dtype.element_ty), mask=mask)
+    if COLS:
+        tl.store(dyt_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(dy).to(dyt_ptr.dtype.element_ty),
+                 mask=tl.trans(mask))
+    if SUMS:
+        block = tl.program_id(0)  # the launch's first axis walks the row blocks
+        tl.store(part_ptr + block.to(tl.int64) * N + cols, tl.sum(dy, axis=0), mask=col_ok)
+
+
+@triton.jit
 def exp_nonpositive(x):
     """exp(x) for x ≤ 0 (a softmax's or log-sum-exp's x − max) to float32 accuracy, NaN kept.
 

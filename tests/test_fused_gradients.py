@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import FusedOp, backward_gemms, fused_call, needs_grad
+from autofuse.autograd import FusedOp, GemmGrad, GradLayouts, backward_gemms, fused_call, grad_layouts, needs_grad
 from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 from autofuse.variants.gemm_bn import gradients as gbn
 from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
@@ -22,6 +22,7 @@ from helpers import assert_close
 F64 = torch.float64
 SHAPES = [(1, 5, 3), (7, 6, 5)]  # batch 1 and odd sizes
 BN_SHAPES = [(2, 5, 3), (7, 6, 5)]  # training-mode BN needs two rows
+ROWS_ONLY = GradLayouts(rows=True, cols=False, sums=False)  # ∂L/∂y as dy alone
 
 
 def _leaf(*shape, scale=1.0, seed=0):
@@ -136,7 +137,7 @@ def test_the_softmax_backward_keeps_float32_accuracy_on_nearly_one_hot_rows():
         out, grad = torch.softmax(a, dim=1), torch.randn(6, 300, generator=generator, dtype=F64)
         want = _naive_softmax_backward(out, grad)  # float64
         y = torch.zeros(6, 300)  # gelu'(0) = 1/2 everywhere: the softmax part alone is compared
-        got = g99.epilogue_backward(y, out.float(), grad.float()).double() * 2.0
+        got = g99.epilogue_backward(y, out.float(), grad.float(), ROWS_ONLY).dy.double() * 2.0
         naive = _naive_softmax_backward(out.float(), grad.float()).double()
         worst = max(worst, ((got - want).norm() / want.norm()).item())
         worst_naive = max(worst_naive, ((naive - want).norm() / want.norm()).item())
@@ -218,7 +219,32 @@ def test_the_backward_runs_at_the_forward_precision():
 def test_bf16_backward_gemms_round_their_operands_like_the_forward():
     generator = torch.Generator().manual_seed(0)
     dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
-    dx, dw = backward_gemms(dy, x, w.bfloat16(), "bf16", True, True)
+    dx, dw = backward_gemms(GemmGrad.of(dy, grad_layouts("bf16", True, True, False)), x, w.bfloat16(), "bf16", True, True)
     assert dx.dtype == dw.dtype == torch.float32
     assert_close(dx, dy.bfloat16().double() @ w.bfloat16().double(), atol=1e-5, rtol=1e-5)
     assert_close(dw, dy.bfloat16().double().t() @ x.bfloat16().double(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_epilogue_backward_writes_dy_transposed_for_tf32_weight_gradients_only():
+    """dyᵀ only where dW is wanted under tf32 (K-major for the tensor cores); dy where dx is wanted
+    or dW at another precision; bfloat16 under bf16; the bias's sums only where asked for."""
+    assert grad_layouts("tf32", False, True, True) == GradLayouts(rows=False, cols=True, sums=True)
+    assert grad_layouts("tf32", True, True, False) == GradLayouts(rows=True, cols=True, sums=False)
+    assert grad_layouts("tf32", True, False, False) == GradLayouts(rows=True, cols=False, sums=False)
+    for precision in ("fp32", "ieee"):
+        assert grad_layouts(precision, False, True, True) == GradLayouts(rows=True, cols=False, sums=True)
+    assert grad_layouts("bf16", False, True, False) == GradLayouts(True, False, False, torch.bfloat16)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_backward_gemms_give_the_same_gradients_from_dy_or_its_transpose(precision):
+    generator = torch.Generator().manual_seed(1)
+    dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
+    from_rows = backward_gemms(GemmGrad(dy, None, None), x, w, precision, True, True)
+    cols = GemmGrad(None, dy.t().contiguous(), None) if precision == "tf32" else GemmGrad(dy, None, None)
+    _, dw = backward_gemms(cols, x, w, precision, False, True)
+    assert_close(dw, from_rows[1], atol=1e-6, rtol=1e-6)
+    if precision != "bf16":
+        assert_close(from_rows[0].double(), dy.double() @ w.double(), atol=1e-5, rtol=1e-5)
+        assert_close(dw.double(), dy.double().t() @ x.double(), atol=1e-5, rtol=1e-5)
+    assert backward_gemms(GemmGrad(None, None, None), x, w, precision, False, False) == (None, None)

@@ -7,7 +7,9 @@ batch, which is the slow dimension of both dy and x, and dx = dy·W, contracting
 slow dimension. Hopper's tensor cores take TF32 operands K-major only, so cuBLAS may need
 another kernel for those layouts. Timed interleaved per precision (fp32 = TF32 off, tf32, bf16
 on operands already cast), beside the forward's own GEMM: each product as laid out, and through
-contiguous transposes (their copies included in the time), torch's and autofuse's Triton one.
+contiguous transposes (their copies included in the time), torch's and autofuse's Triton one;
+and dW's product alone from copies made before the clock, of dy, of x, or of both (does one
+K-major operand suffice?).
 """
 
 import argparse
@@ -41,6 +43,12 @@ def main():
             if precision != "bf16":  # the Triton transpose takes float32
                 fns["dW via Triton transposes"] = lambda: transposed(g) @ transposed(a).t()
                 fns["transpose dy (Triton)"] = lambda: transposed(g)
+                # The products alone, from copies made before the clock: what a backward kernel
+                # that writes dyᵀ itself (no transpose pass) would leave, with x as laid out or copied.
+                gt, at = transposed(g), transposed(a)
+                fns["dW, dyᵀ given, x as laid out"] = lambda: gt @ a
+                fns["dW, xᵀ given, dy as laid out"] = lambda: g.t() @ at.t()
+                fns["dW, dyᵀ and xᵀ given"] = lambda: gt @ at.t()
             with math_mode(precision if precision != "bf16" else "fp32"):
                 timed = time_interleaved(fns, device, rounds=10)
             for name, t in timed.items():

@@ -8,13 +8,16 @@ the tuner and ``autofuse bench --step backward`` time (``autofuse.step.training_
 parameters its table record has for the autograd key (the entry's own if it won, else its
 ``candidates`` record), or its default configuration. Printed per variant: the kernels' device
 time per step (L2 flushed before each step, the flush excluded), the host's time to issue one
-step (no synchronisation: what a caller waits before the GPU has the work), and then all of them
-timed interleaved with CUDA events. For "the parts add to less than the whole" and "which
-kernel does torch.compile not have".
+step (no synchronisation: what a caller waits before the GPU has the work), with ``--cprofile N``
+where that host time goes, and then all of them timed interleaved with CUDA events. For "the
+parts add to less than the whole" and "which kernel does torch.compile not have".
 """
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
 
 import torch
@@ -53,6 +56,20 @@ def host_ms(step, steps=20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def host_profile(step, steps: int, top: int = 25) -> str:
+    """cProfile over ``steps`` steps, the GPU synchronized before each (as ``host_ms``): the
+    functions with the most own time, per step."""
+    profile = cProfile.Profile()
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        profile.enable()
+        step()
+        profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return f"  host profile, {steps} steps (times are totals):\n" + text.getvalue()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("problem")
@@ -61,6 +78,8 @@ def main():
     ap.add_argument("--variants", default="triton,compiled,cublas_epilogue")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--shape-index", type=int, default=0, help="which of the problem's default shapes")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also profile the host over N steps per variant (cProfile, top functions by own time)")
     args = ap.parse_args()
     prob = registry.get_problem(args.problem)
     shape = dict(prob.default_shapes[args.shape_index])
@@ -80,7 +99,9 @@ def main():
         print(f"== {label}: {without_flush(kernels):.4f} ms of kernels a step (L2 flush excluded), "
               f"host issues a step in {host_ms(step):.3f} ms", flush=True)
         for key, t in kernels:
-            print(f"  {t:8.4f} ms  {key[:120]}")
+            print(f"  {t:8.4f} ms  {key[:170]}")
+        if args.cprofile:
+            print(host_profile(step, args.cprofile), flush=True)
     for label, t in timing.time_interleaved(steps, device, rounds=10).items():
         print(f"timed (events, interleaved): {label}: {t.median_ms:.4f} [{t.p20_ms:.4f}-{t.p80_ms:.4f}]")
 

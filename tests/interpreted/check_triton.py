@@ -58,45 +58,75 @@ def gate(problem: str, config: str, precisions: str) -> list[str]:
 
 
 def backward_kernels() -> list[str]:
-    """Each Triton epilogue backward against its torch formula (float32, odd shapes)."""
+    """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
+    row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
+    of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
+    bfloat16; then the per-column coefficients of gemm_bn's backward."""
     from autofuse import triton_variant
+    from autofuse.autograd import GradLayouts
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
     from autofuse.variants.matmul_gelu_softmax import gradients as g99
 
     generator = torch.Generator().manual_seed(5)
-    y, grad = torch.randn(37, 53, generator=generator), torch.randn(37, 53, generator=generator)
-    out = torch.softmax(torch.randn(37, 53, generator=generator), dim=1)
-    z = torch.logsumexp(y * 2.0, dim=1, keepdim=True)
-    mean = y.mean(0)
-    runs = {
-        "gelu_softmax": lambda: g99.epilogue_backward(y, out, grad),
-        "clamp_lse": lambda: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5),
-        "bn_column_sums": lambda: torch.stack(gbn.column_sums(grad, y, mean)),
-        "bn_backward": lambda: gbn._bn_backward(grad, y, mean, mean * 2, mean * 0.5, mean * -3),
-    }
     failures = []
-    for name, run in runs.items():
-        fused = run()
-        triton_variant.fused_kernels_apply, saved = (lambda *t: False), triton_variant.fused_kernels_apply
+
+    def torch_formula(run):
+        """``run()`` with every backward's Triton path switched off (its torch formula instead)."""
+        saved = triton_variant.fused_kernels_apply
         for module in (g99, g22, gbn):
-            module.fused_kernels_apply = triton_variant.fused_kernels_apply
-        want = run()
-        triton_variant.fused_kernels_apply = saved
-        for module in (g99, g22, gbn):
-            module.fused_kernels_apply = saved
-        error = ((fused - want).norm() / want.norm()).item()
+            module.fused_kernels_apply = lambda *t: False
+        try:
+            return run()
+        finally:
+            for module in (g99, g22, gbn):
+                module.fused_kernels_apply = saved
+
+    def compare(name, got, want):
+        error = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
         print(name, f"relative error {error:.3g}", flush=True)
-        if not error < 1e-5:
-            failures.append(f"{name}: relative error {error:.3g} against the torch formula")
+        # bfloat16: its own rounding (2⁻⁹ relative per entry; the interpreter's conversion is not
+        # the GPU's round-to-nearest, so not compared bit for bit).
+        bound = 1e-5 if got.dtype == torch.float32 else 8e-3
+        if got.shape != want.shape or not error < bound:
+            failures.append(f"{name}: shape {tuple(got.shape)} (want {tuple(want.shape)}), relative error {error:.3g}")
+
+    layouts = [GradLayouts(True, True, True), GradLayouts(False, True, True), GradLayouts(True, False, False),
+               GradLayouts(True, False, True, torch.bfloat16)]
+    for m, n in ((1, 53), (130, 150)):
+        y, grad = torch.randn(m, n, generator=generator), torch.randn(m, n, generator=generator)
+        out = torch.softmax(torch.randn(m, n, generator=generator), dim=1)
+        z = torch.logsumexp(y * 2.0, dim=1, keepdim=True)
+        mean = y.mean(0)
+        runs = {
+            "gelu_softmax": lambda lay: g99.epilogue_backward(y, out, grad, lay),
+            "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
+            "bn_backward": lambda lay: gbn._bn_backward(grad, y, mean, mean * 2, mean * 0.5, mean * -3, lay),
+        }
+        for (name, run), lay in itertools.product(runs.items(), layouts):
+            got, want = run(lay), torch_formula(lambda: run(GradLayouts(True, False, True)))
+            case = f"{name} {(m, n)} rows={lay.rows} cols={lay.cols} sums={lay.sums} {str(lay.dtype)[6:]}"
+            for part, asked, value, expected in (("dy", lay.rows, got.dy, want.dy),
+                                                 ("dyT", lay.cols, got.dy_t, want.dy.t()),
+                                                 ("bias", lay.sums, got.bias, want.bias)):
+                if (value is not None) != asked:
+                    failures.append(f"{case}: {part} {'missing' if value is None else 'not asked for'}")
+                elif value is not None:
+                    if part != "bias" and value.dtype != lay.dtype:
+                        failures.append(f"{case}: {part} is {value.dtype}, want {lay.dtype}")
+                    compare(f"{case} {part}", value, expected)
+        var = y.var(0, unbiased=False)
+        scale, gamma = torch.randn(n, generator=generator), torch.rand(n, generator=generator) + 0.5
+        coefficients = lambda: gbn.bn_coefficients(grad, y, mean, var, scale, gamma, 1e-5)  # noqa: E731
+        compare(f"bn_coefficients {(m, n)}", coefficients(), torch_formula(coefficients))
     # Nearly one-hot rows longer than a block (2048), the top entry in the last block: the kernel
     # finds it across blocks and keeps float32 accuracy (the textbook formula is 100x off here).
     a = torch.randn(5, 4100, generator=generator, dtype=torch.float64) * 8.0
     a[:, 3000] += 30.0
     out64, grad64 = torch.softmax(a, dim=1), torch.randn(5, 4100, generator=generator, dtype=torch.float64)
     want = out64 * (grad64 - (grad64 * out64).sum(dim=1, keepdim=True)) * 0.5  # gelu'(0) = 1/2
-    got = g99.epilogue_backward(torch.zeros(5, 4100), out64.float(), grad64.float()).double()
-    error = ((got - want).norm() / want.norm()).item()
+    got = g99.epilogue_backward(torch.zeros(5, 4100), out64.float(), grad64.float(), GradLayouts(True, False, False))
+    error = ((got.dy.double() - want).norm() / want.norm()).item()
     print("gelu_softmax, one-hot rows", f"relative error {error:.3g} against float64", flush=True)
     if not error < 3e-7:
         failures.append(f"gelu_softmax on nearly one-hot rows: relative error {error:.3g} > 3e-7 against float64")

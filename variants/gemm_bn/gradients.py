@@ -2,7 +2,8 @@
 
 Training (batch statistics). z = x·Wᵀ, μ and σ² its biased column statistics, y = (z + b)·s,
 r = 1/√(s²σ² + eps), ŷ = s·(z − μ)·r, out = γ·ŷ + β. With g = ∂L/∂out and, per column,
-S = Σ_rows g and C = Σ_rows g·(z − μ) (one reduction pass over g and z):
+S = Σ_rows g and C = Σ_rows g·(z − μ) (one reduction pass over g and z, then one small kernel for
+the per-column coefficients, ``bn_coefficients``):
     ∂L/∂z = s·γ·r·(g − S/n − (z − μ)·s²·r²·C/n)     (BatchNorm's backward, chained through s)
     dγ = s·r·C,  dβ = S,  ds = γ·eps·r³·C,  db = 0
     dx = dz·W,  dW = dzᵀ·x.
@@ -23,40 +24,52 @@ from __future__ import annotations
 
 import torch
 
-from autofuse.autograd import FusedOp, backward_gemms, reduce_rows
+from autofuse.autograd import FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, grad_layouts, reduce_rows
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
 
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
 BACKWARD_BLOCK = (64, 128)
+COEFFICIENT_BLOCK = (64, 128)  # chunks summed at once × columns per program of bn_grad_coefficients
 
 
-def column_sums(grad: torch.Tensor, z: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ_rows g, Σ_rows g·(z − μ)) per column, accumulated in float32 or better: one pass of a
-    Triton kernel over g and z where it can run (per-chunk sums, added here), else torch."""
-    if fused_kernels_apply(grad, z, mean):
-        rows, cols = BACKWARD_BLOCK
-        chunks = -(-grad.shape[0] // rows)
-        part_g = torch.empty(chunks, grad.shape[1], device=grad.device)
-        part_gc = torch.empty_like(part_g)
-        problem_kernels("gemm_bn").column_grad_sums[(chunks, -(-grad.shape[1] // cols))](
-            grad, z, mean, part_g, part_gc, grad.shape[0], grad.shape[1], BLOCK_R=rows, BLOCK_C=cols)
-        return part_g.sum(0), part_gc.sum(0)
+def bn_coefficients(grad, z, mean, var, scale, gamma, eps: float) -> torch.Tensor:
+    """Per column (a, b, c, ds, dγ, dβ), the rows of a (6, N) tensor: dz = a·g + b + c·(z − μ), and
+    the gradients of s, γ and β. Where Triton can run: one pass over g and z for S and C in
+    chunks, then one small kernel for the rest; else torch."""
+    gamma = gamma if gamma is not None else torch.ones_like(var)
+    if fused_kernels_apply(grad, z, mean, var, scale, gamma):
+        kernels = problem_kernels("gemm_bn")
+        (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
+        chunks = -(-m // rows)
+        part_g, part_gc = torch.empty(2, chunks, n, device=grad.device)
+        kernels.column_grad_sums[(chunks, -(-n // cols))](grad, z, mean, part_g, part_gc, m, n, BLOCK_R=rows, BLOCK_C=cols)
+        coef = torch.empty(6, n, device=grad.device)
+        block_p, block_c = COEFFICIENT_BLOCK
+        kernels.bn_grad_coefficients[(-(-n // block_c),)](part_g, part_gc, var, scale, gamma, coef, eps, 1.0 / m, n,
+                                                          chunks, BLOCK_P=block_p, BLOCK_C=block_c)
+        return coef
     acc = torch.promote_types(grad.dtype, torch.float32)
-    grad = grad.to(acc)
-    return grad.sum(0), (grad * (z.to(acc) - mean)).sum(0)
+    g = grad.to(acc)
+    sum_g, sum_gc = g.sum(0), (g * (z.to(acc) - mean)).sum(0)
+    m = z.shape[0]
+    r = torch.rsqrt(scale * scale * var + eps)
+    a = scale * gamma * r
+    return torch.stack([a, -a * sum_g / m, -a * scale * scale * r * r * sum_gc / m,
+                        gamma * eps * r ** 3 * sum_gc, scale * r * sum_gc, sum_g])
 
 
-def _bn_backward(grad, z, mean, a, b, c) -> torch.Tensor:
-    """dz = a·g + b + c·(z − μ) with per-column a, b, c: one pass (a Triton kernel where it can run)."""
+def _bn_backward(grad, z, mean, a, b, c, layouts: GradLayouts) -> GemmGrad:
+    """dz = a·g + b + c·(z − μ) with per-column a, b, c in ``layouts``: one pass (a Triton kernel
+    where it can run), else torch."""
     if fused_kernels_apply(grad, z, mean, a, b, c):
-        rows, cols = BACKWARD_BLOCK
-        dz = torch.empty_like(grad)
-        problem_kernels("gemm_bn").bn_backward[(-(-grad.shape[0] // rows), -(-grad.shape[1] // cols))](
-            grad, z, mean, a, b, c, dz, grad.shape[0], grad.shape[1], BLOCK_R=rows, BLOCK_C=cols)
-        return dz
-    return a * grad + b + c * (z - mean)
+        (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
+        buffers = GradBuffers(layouts, m, n, rows, grad.device)
+        problem_kernels("gemm_bn").bn_backward[(-(-m // rows), -(-n // cols))](
+            grad, z, mean, a, b, c, **buffers.args, M=m, N=n, BLOCK_R=rows, BLOCK_C=cols)
+        return buffers.result()
+    return GemmGrad.of(a * grad + b + c * (z - mean), layouts)
 
 
 def train_backward(saved, grad, needs, precision, eps: float):
@@ -66,18 +79,11 @@ def train_backward(saved, grad, needs, precision, eps: float):
         z = linear(x, weight, None, precision)
     if mean is None:
         var, mean = torch.var_mean(z.to(torch.promote_types(z.dtype, torch.float32)), dim=0, correction=0)
-    n = z.shape[0]
-    r = torch.rsqrt(scale * scale * var + eps)
-    gam = gamma if gamma is not None else torch.ones_like(r)
-    sum_g, sum_gc = column_sums(grad, z, mean)
-    a = scale * gam * r  # dz = a·(g − S/n − (z − μ)·s²r²·C/n), per column
-    dz = _bn_backward(grad, z, mean, a, -a * sum_g / n, -a * scale * scale * r * r * sum_gc / n)
+    a, b, c, ds, dgamma, dbeta = bn_coefficients(grad, z, mean, var, scale, gamma, eps)
+    dz = _bn_backward(grad, z, mean, a, b, c, grad_layouts(precision, needs[0], needs[1], False))
     dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
     db = torch.zeros_like(scale) if needs[2] else None
-    ds = gam * eps * r ** 3 * sum_gc if needs[3] else None
-    dgamma = scale * r * sum_gc if needs[4] else None
-    dbeta = sum_g if needs[5] else None
-    return dx, dw, db, ds, dgamma, dbeta
+    return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
 
 
 def eval_backward(saved, grad, needs, precision):
@@ -85,7 +91,7 @@ def eval_backward(saved, grad, needs, precision):
     x, weight, z, k = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    dz = grad * k
+    dz = GemmGrad.of(grad * k, grad_layouts(precision, needs[0], needs[1], False))
     dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
     dk = reduce_rows(grad * z) if needs[2] else None
     dshift = reduce_rows(grad) if needs[3] else None

@@ -6,13 +6,14 @@ Training: ``gemm_column_partials`` stores z and, per column and row tile, the ti
 batch excluded). ``bn_finish`` merges a column's tiles with Chan's parallel update (stable at
 any mean; never E[z²] − E[z]²), writes μ, σ² (biased) and coef = s·γ/√(s²σ² + eps), and updates
 the running statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
-``column_grad_sums`` and ``bn_backward`` are the training backward's two passes (gradients.py).
+``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
+``bn_grad_coefficients`` between them (gradients.py).
 """
 
 import triton
 import triton.language as tl
 
-from autofuse.triton_gemm import tile_accumulator, tile_coords
+from autofuse.triton_gemm import store_gradient, tile_accumulator, tile_coords
 
 
 @triton.jit
@@ -127,9 +128,40 @@ def column_grad_sums(grad_ptr, z_ptr, mean_ptr, part_g_ptr, part_gc_ptr, M, N,
 
 
 @triton.jit
-def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dz_ptr, M, N,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dz = a·g + b + c·(z − μ) per column (a = sγr, b = −sγr·S/n, c = −sγr·s²r²·C/n)."""
+def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr, coef_ptr, eps, inv_n, N, CHUNKS,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per column, from ``column_grad_sums``'s chunks: S = Σ g and C = Σ g·(z − μ) (each a sum of
+    BLOCK_P-chunk tree sums), r = 1/√(s²σ² + eps), and into coef's six rows: a = sγr,
+    b = −a·S/n, c = −a·s²r²·C/n (``bn_backward``'s; inv_n = 1/n), then ds = γ·eps·r³·C, dγ = s·r·C and dβ = S:
+    one launch where torch took a dozen small ones."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cols < N
+    sum_g = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sum_gc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        chunks = start + tl.arange(0, BLOCK_P)
+        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        sum_g += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
+        sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0), axis=0)
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0)
+    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0)
+    r = 1.0 / tl.sqrt(scale * scale * tl.load(var_ptr + cols, mask=ok, other=0.0) + eps)
+    a = scale * gamma * r
+    tl.store(coef_ptr + cols, a, mask=ok)
+    tl.store(coef_ptr + N + cols, -a * sum_g * inv_n, mask=ok)
+    tl.store(coef_ptr + 2 * N + cols, -a * scale * scale * r * r * sum_gc * inv_n, mask=ok)
+    tl.store(coef_ptr + 3 * N + cols, gamma * eps * r * r * r * sum_gc, mask=ok)
+    tl.store(coef_ptr + 4 * N + cols, scale * r * sum_gc, mask=ok)
+    tl.store(coef_ptr + 5 * N + cols, sum_g, mask=ok)
+
+
+@triton.jit
+def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr, part_ptr, M, N,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                SUMS: tl.constexpr):
+    """dz = a·g + b + c·(z − μ) per column (a = sγr, b = −sγr·S/n, c = −sγr·s²r²·C/n), stored as
+    ``store_gradient`` says."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
@@ -141,4 +173,4 @@ def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dz_ptr, M, N,
     mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)[None, :]
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0)
-    tl.store(dz_ptr + offsets, a * grad + b + c * (z - mean), mask=mask)
+    store_gradient(a * grad + b + c * (z - mean), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

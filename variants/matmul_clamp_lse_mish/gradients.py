@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import FusedOp, backward_gemms, reduce_rows, saved_logits
+from autofuse.autograd import FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, grad_layouts, saved_logits
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
@@ -29,20 +29,25 @@ def output_grad(z: torch.Tensor) -> torch.Tensor:
     return 2.0 * z * th + z * z * (1.0 - th * th) * torch.sigmoid(z)
 
 
-def epilogue_backward(y, z, grad, t: float, lo: float, hi: float) -> torch.Tensor:
-    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1): one pass of a
-    Triton row kernel where it can run, else torch."""
+# Rows × columns per program of the epilogue backward: the dyᵀ it writes under tf32 is 256-byte runs.
+BACKWARD_BLOCK = (64, 64)
+
+
+def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradLayouts) -> GemmGrad:
+    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1), in ``layouts``:
+    one pass of a Triton kernel where it can run (h'(z) included), else torch."""
+    if fused_kernels_apply(y, z, grad):
+        rows, cols = BACKWARD_BLOCK
+        buffers = GradBuffers(layouts, y.shape[0], y.shape[1], rows, y.device)
+        problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
+            y, z, grad, **buffers.args, t=t, lo=lo, hi=hi, M=y.shape[0], N=y.shape[1], BLOCK_R=rows, BLOCK_C=cols)
+        return buffers.result()
     acc = torch.promote_types(z.dtype, torch.float32)
     gz = grad.to(acc) * output_grad(z.to(acc))
-    if fused_kernels_apply(y, z, gz):
-        kernels = problem_kernels("matmul_clamp_lse_mish")
-        dy = torch.empty_like(y)
-        kernels.clamp_lse_backward[(y.shape[0],)](y, z, gz, dy, t, lo, hi, y.shape[1],
-                                                  BLOCK_N=kernels.row_block(y.shape[1]))
-        return dy
     v = y.to(acc) * t
     inside = (v >= lo) & (v <= hi)
-    return torch.where(inside, torch.exp(v.clamp(lo, hi) - z) * (gz * t), torch.zeros((), dtype=acc, device=y.device))
+    dy = torch.where(inside, torch.exp(v.clamp(lo, hi) - z) * (gz * t), torch.zeros((), dtype=acc, device=y.device))
+    return GemmGrad.of(dy, layouts)
 
 
 def backward(saved, grad, needs, precision, scalars):
@@ -52,9 +57,9 @@ def backward(saved, grad, needs, precision, scalars):
     if z is None:
         t, lo, hi = scalars
         z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)
-    dy = epilogue_backward(y, z, grad, *scalars)
+    dy = epilogue_backward(y, z, grad, *scalars, grad_layouts(precision, *needs))
     dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
-    return dx, dw, (reduce_rows(dy) if needs[2] else None)
+    return dx, dw, dy.bias
 
 
 def fused_op(forward, precision: str, scalars: tuple[float, float, float]) -> FusedOp:

@@ -4,14 +4,15 @@
 clamp, and per row of the tile the pair (max, Σ exp(v − max)); the logits never reach memory
 (unless a gradient needs them: SAVE_Y). ``lse_mish_finish``: per row, the pairs merged with the
 max subtracted (no overflow at any clamp bound), z = max + log Σ, out = z·mish(z); z is kept
-for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t.
+for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t
+in tiles, h'(z) included, written in the layouts the backward's GEMMs want (``store_gradient``).
 """
 
 import triton
 import triton.language as tl
 
-# row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import exp_nonpositive, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
+# parts_block is imported for the variant, which sizes its launches through this module.
+from autofuse.triton_gemm import exp_nonpositive, parts_block, store_gradient, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit
@@ -73,14 +74,20 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
 
 
 @triton.jit
-def clamp_lse_backward(y_ptr, z_ptr, gz_ptr, dy_ptr, t, lo, hi, N, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    z = tl.load(z_ptr + row)
-    scale = tl.load(gz_ptr + row) * t
-    base = row.to(tl.int64) * N
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        v = tl.load(y_ptr + base + cols, mask=cols < N, other=0.0) * t
-        inside = (v >= lo) & (v <= hi)
-        dy = tl.where(inside, exp_nonpositive(tl.minimum(tl.maximum(v, lo), hi) - z) * scale, 0.0)
-        tl.store(dy_ptr + base + cols, dy, mask=cols < N)
+def clamp_lse_backward(y_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, lo, hi, M, N, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUMS: tl.constexpr):
+    """One (BLOCK_R × BLOCK_C) tile of ∂L/∂y = g·h'(z)·t · exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi], with
+    h'(z) = 2z·tanh(sp(z)) + z²·(1 − tanh²(sp(z)))·σ(z) per row, stored as ``store_gradient`` says."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_ok = rows < M
+    z = tl.load(z_ptr + rows, mask=row_ok, other=0.0)
+    th = tanh_softplus(z)
+    e = exp_nonpositive(-tl.abs(z))
+    sigmoid = tl.where(z >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
+    scale = tl.load(g_ptr + rows, mask=row_ok, other=0.0) * (2.0 * z * th + z * z * (1.0 - th * th) * sigmoid) * t
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    v = tl.load(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0) * t
+    inside = (v >= lo) & (v <= hi)
+    dy = tl.where(inside, exp_nonpositive(tl.minimum(tl.maximum(v, lo), hi) - z[:, None]) * scale[:, None], 0.0)
+    store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

@@ -8,8 +8,9 @@ out = softmax(a), a = gelu(y), y = x·Wᵀ + b. With g = ∂L/∂out:
 Saved: x, the forward's GEMM weight operand, b, y (None where the forward never stored it:
 recomputed with one GEMM, and out with it), the bias still to add to y (under bf16 cuBLAS's y
 leaves it to the epilogue) and out. Eager autograd keeps y, gelu(y) and out; this keeps y and
-out. The elementwise part is one row kernel (``epilogue_backward``); the GEMMs go
-through cuBLAS at the forward's precision.
+out. The elementwise part is two Triton kernels (``epilogue_backward``), which write dy in the
+layouts the GEMMs want (``autograd.GradLayouts``); the GEMMs go through cuBLAS at the forward's
+precision.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 
 import torch
 
-from autofuse.autograd import FusedOp, backward_gemms, fused_call, reduce_rows, saved_logits
+from autofuse.autograd import (FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, fused_call, grad_layouts,
+                               saved_logits)
 from autofuse.precision import linear
 from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 
@@ -31,9 +33,14 @@ def gelu_grad(y: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.erf(y * INV_SQRT2)) + y * torch.exp(-0.5 * y * y) * INV_SQRT_2PI
 
 
-def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays):
-    a Triton row kernel where it can run (three passes over the row), else torch.
+# Rows × columns per program of the tiled pass: the dyᵀ it writes under tf32 is 256-byte runs.
+BACKWARD_BLOCK = (64, 64)
+
+
+def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, layouts: GradLayouts) -> GemmGrad:
+    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays),
+    in ``layouts``: where Triton can run, a row kernel for each row's sums (two passes over out and
+    g), then a tiled one for dy; else torch.
 
     The softmax's ∂L/∂a_j = out_j·(g_j − Σ g·out) cancels at the row's largest output when the
     row is nearly one-hot (logits in the hundreds: out_top = 1 − ε with ε below float32's
@@ -42,10 +49,14 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) ->
     no cancellation: it gives the top entry, and Σ g·out = g_top − it gives the others."""
     if fused_kernels_apply(y, out, grad):
         kernels = problem_kernels("matmul_gelu_softmax")
-        dy = torch.empty_like(out)
-        kernels.gelu_softmax_backward[(out.shape[0],)](y, out, grad, dy, out.shape[1],
-                                                       BLOCK_N=kernels.row_block(out.shape[1]))
-        return dy
+        (m, n), (rows, cols) = out.shape, BACKWARD_BLOCK
+        top = torch.empty(m, device=out.device, dtype=torch.int32)
+        rest, total = torch.empty(2, m, device=out.device)
+        kernels.softmax_grad_rows[(m,)](out, grad, top, rest, total, n, BLOCK_N=kernels.row_block(n))
+        buffers = GradBuffers(layouts, m, n, rows, out.device)
+        kernels.gelu_softmax_backward[(-(-m // rows), -(-n // cols))](
+            y, out, grad, top, rest, total, **buffers.args, M=m, N=n, BLOCK_R=rows, BLOCK_C=cols)
+        return buffers.result()
     acc = torch.promote_types(out.dtype, torch.float32)
     out, grad = out.to(acc), grad.to(acc)
     top = out.argmax(dim=1, keepdim=True)
@@ -53,7 +64,7 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) ->
     rest = (out * (top_grad - grad)).sum(dim=1, keepdim=True)
     da = out * (grad - (top_grad - rest))
     da.scatter_(1, top, out.gather(1, top) * rest)
-    return da * gelu_grad(y.to(acc))
+    return GemmGrad.of(da * gelu_grad(y.to(acc)), layouts)
 
 
 def backward(saved, grad, needs, precision):
@@ -66,10 +77,9 @@ def backward(saved, grad, needs, precision):
         # from another GEMM's rounding, and mixing the two put the SIMT kernels' weight gradient
         # at 4.04x eager's error on large inputs (64×256×192, H100), past the gate's 4x.
         out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
-    dy = epilogue_backward(y, out, grad)
+    dy = epilogue_backward(y, out, grad, grad_layouts(precision, *needs))
     dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
-    db = reduce_rows(dy) if needs[2] else None
-    return dx, dw, db
+    return dx, dw, dy.bias
 
 
 def fused_op(forward, precision: str) -> FusedOp:

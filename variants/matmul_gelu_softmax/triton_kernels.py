@@ -4,14 +4,17 @@
 the logits stored once, and per row of the tile the online-softmax partial (max, Σ exp(v − max))
 over the tile's columns. ``softmax_normalize``: per row, the partials merged with the max
 subtracted (no overflow at any magnitude), then out = exp(v − max) / Σ over the row, in place.
-``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), one program per row.
+``softmax_grad_rows`` and ``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the
+row sums by one program per row, then dy in tiles, written in the layouts the backward's GEMMs
+want (``store_gradient``).
 """
 
 import triton
 import triton.language as tl
 
 # row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import exp_nonpositive, gelu, gelu_grad, parts_block, row_block, tile_accumulator, tile_coords  # noqa: F401
+from autofuse.triton_gemm import (exp_nonpositive, gelu, gelu_grad, parts_block, row_block,  # noqa: F401
+                                  store_gradient, tile_accumulator, tile_coords)
 
 
 @triton.jit
@@ -61,16 +64,18 @@ def softmax_normalize(logits_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
 
 
 @triton.jit
-def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, dy_ptr, N, BLOCK_N: tl.constexpr):
-    """∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), with Σ g·out taken as g_top − Σ out_k·(g_top − g_k)
-    around the row's largest output (see gradients.epilogue_backward): three passes over the row."""
-    row = tl.program_id(0).to(tl.int64) * N
+def softmax_grad_rows(out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, N, BLOCK_N: tl.constexpr):
+    """Per row, what the softmax's backward needs besides the row itself: the largest output's
+    column (top), rest = Σ_k out_k·(g_top − g_k) and total = Σ g·out = g_top − rest (see
+    gradients.epilogue_backward): two passes over the row, one program per row."""
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * N
     lanes = tl.arange(0, BLOCK_N)
     top, top_out, top_grad = -1, -1.0, 0.0
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
-        out = tl.load(out_ptr + row + cols, mask=cols < N, other=-1.0)
-        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
+        out = tl.load(out_ptr + base + cols, mask=cols < N, other=-1.0)
+        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0)
         i = tl.argmax(out, axis=0)
         m = tl.max(out, axis=0)
         better = m > top_out
@@ -80,15 +85,31 @@ def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, dy_ptr, N, BLOCK_N: tl.const
     rest = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
-        out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
-        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
+        out = tl.load(out_ptr + base + cols, mask=cols < N, other=0.0)
+        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0)
         rest += out * (top_grad - grad)
     rest_total = tl.sum(rest, axis=0)
-    total = top_grad - rest_total
-    for start in range(0, N, BLOCK_N):
-        cols = start + lanes
-        y = tl.load(y_ptr + row + cols, mask=cols < N, other=0.0).to(tl.float32)
-        out = tl.load(out_ptr + row + cols, mask=cols < N, other=0.0)
-        grad = tl.load(grad_ptr + row + cols, mask=cols < N, other=0.0)
-        da = out * tl.where(cols == top, rest_total, grad - total)
-        tl.store(dy_ptr + row + cols, da * gelu_grad(y), mask=cols < N)
+    tl.store(top_ptr + row, top)
+    tl.store(rest_ptr + row, rest_total)
+    tl.store(total_ptr + row, top_grad - rest_total)
+
+
+@triton.jit
+def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, dy_ptr, dyt_ptr, part_ptr, M, N,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                          SUMS: tl.constexpr):
+    """One (BLOCK_R × BLOCK_C) tile of ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the top entry's
+    out·rest (``softmax_grad_rows``), stored as ``store_gradient`` says."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    top = tl.load(top_ptr + rows, mask=row_ok, other=-1)
+    rest = tl.load(rest_ptr + rows, mask=row_ok, other=0.0)
+    total = tl.load(total_ptr + rows, mask=row_ok, other=0.0)
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    out = tl.load(out_ptr + offsets, mask=mask, other=0.0)
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    da = out * tl.where(cols[None, :] == top[:, None], rest[:, None], grad - total[:, None])
+    store_gradient(da * gelu_grad(y), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

@@ -154,7 +154,7 @@ def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precis
     dy, dx, dw = grad.dy, None, None
     if not (need_x or need_weight):
         return None, None
-    if precision == "bf16" and x.dtype == torch.float32:
+    if precision == "bf16" and x.dtype in (torch.float32, torch.bfloat16):  # x: the forward's cast copy, if saved
         wb = weight.bfloat16()
         dyb = dy.bfloat16()  # written in bfloat16 by the fused kernels: no pass
         if need_x:

@@ -8,8 +8,9 @@ needed (no autograd node, nothing saved), and inside ``FusedFunction`` otherwise
 backward is the problem's (``variants/<problem>/gradients.py``): the epilogue's backward
 fused into one pass, which writes ∂L/∂y in the layouts the GEMMs after it want and the bias
 gradient's partial sums (``GradLayouts``), then the GEMMs of the backward through cuBLAS at the
-forward's precision (``backward_gemms``). A forward that cannot cheaply save an intermediate saves None in its
-place and the backward recomputes it (the SIMT CUDA kernels never store the logits).
+forward's precision (``backward_gemms``). A forward that cannot cheaply save an intermediate
+saves None in its place and the backward recomputes it (the SIMT CUDA kernels never store the
+logits).
 
 The backward runs when the caller's ``loss.backward()`` runs, outside the variant's
 ``math_mode``: precision is re-established here, so a tf32 forward has a tf32 backward and an
@@ -154,7 +155,7 @@ def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precis
     dy, dx, dw = grad.dy, None, None
     if not (need_x or need_weight):
         return None, None
-    if precision == "bf16" and x.dtype in (torch.float32, torch.bfloat16):  # x: the forward's cast copy, if saved
+    if precision == "bf16" and x.dtype in (torch.float32, torch.bfloat16):  # bfloat16: the forward's copy
         wb = weight.bfloat16()
         dyb = dy.bfloat16()  # written in bfloat16 by the fused kernels: no pass
         if need_x:

@@ -44,7 +44,8 @@ def bn_coefficients(grad, z, mean, var, scale, gamma, eps: float) -> torch.Tenso
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         chunks = -(-m // rows)
         part_g, part_gc = torch.empty(2, chunks, n, device=grad.device)
-        kernels.column_grad_sums[(chunks, -(-n // cols))](grad, z, mean, part_g, part_gc, m, n, BLOCK_R=rows, BLOCK_C=cols)
+        kernels.column_grad_sums[(chunks, -(-n // cols))](grad, z, mean, part_g, part_gc, m, n,
+                                                          BLOCK_R=rows, BLOCK_C=cols)
         coef = torch.empty(6, n, device=grad.device)
         block_p, block_c = COEFFICIENT_BLOCK
         kernels.bn_grad_coefficients[(-(-n // block_c),)](part_g, part_gc, var, scale, gamma, coef, eps, 1.0 / m, n,

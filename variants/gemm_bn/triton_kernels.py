@@ -132,8 +132,8 @@ def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Per column, from ``column_grad_sums``'s chunks: S = Σ g and C = Σ g·(z − μ) (each a sum of
     BLOCK_P-chunk tree sums), r = 1/√(s²σ² + eps), and into coef's six rows: a = sγr,
-    b = −a·S/n, c = −a·s²r²·C/n (``bn_backward``'s; inv_n = 1/n), then ds = γ·eps·r³·C, dγ = s·r·C and dβ = S:
-    one launch where torch took a dozen small ones."""
+    b = −a·S/n, c = −a·s²r²·C/n (``bn_backward``'s; inv_n = 1/n), then ds = γ·eps·r³·C,
+    dγ = s·r·C and dβ = S: one launch where torch took a dozen small ones."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = cols < N
     sum_g = tl.zeros((BLOCK_C,), dtype=tl.float32)

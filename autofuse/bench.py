@@ -12,9 +12,10 @@ A ``forward`` report times inference; a ``forward+backward`` report times a trai
 (``autofuse.step``): only autograd-capable variants, gated with gradients, the dispatch in
 grad mode (the ``autograd=true`` entry), and a floor that adds the backward's own minimum:
 the weight-gradient GEMM (under tf32 from K-major operands), or reading the upstream gradient
-and x and writing each parameter's gradient once. Timing is ``time_interleaved``: CUDA events, L2 flushed, medians with p20/p80,
-all candidates round-robin. Variants run in this process: bench measures candidates the
-tuner already isolated and checked. The reports and their Markdown are ``bench_report``'s.
+and x and writing each parameter's gradient once. Timing is ``time_interleaved``: CUDA events,
+L2 flushed, medians with p20/p80, all candidates round-robin. Variants run in this process:
+bench measures candidates the tuner already isolated and checked. The reports and their
+Markdown are ``bench_report``'s.
 """
 
 from __future__ import annotations

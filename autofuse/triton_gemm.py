@@ -177,7 +177,7 @@ def tf32_low_part(src_ptr, lo_ptr, n, BLOCK: tl.constexpr):
 @triton.jit
 def transpose(src_ptr, dst_ptr, rows, cols, BLOCK: tl.constexpr):
     """dst = srcᵀ for a contiguous float32 src (rows × cols) into a contiguous dst (cols × rows),
-    one BLOCK × BLOCK tile per program: the backward's K-major GEMM operands (autograd.py)."""
+    one BLOCK × BLOCK tile per program: a K-major operand for the backward's GEMMs (autograd.py)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = (r[:, None] < rows) & (c[None, :] < cols)

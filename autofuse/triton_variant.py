@@ -178,7 +178,8 @@ def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.
 def transposed(t: torch.Tensor) -> torch.Tensor:
     """``t.t().contiguous()`` for a 2-D float32 tensor, by a Triton kernel where one can run
     (``fused_kernels_apply``): torch's copy of a transposed view moved 0.9 TB/s on an H100
-    (0.070 ms for 1024×8192), where the backward's GEMMs need two such copies per step."""
+    (0.070 ms for 1024×8192, the Triton one 0.027). The tf32 weight gradient takes x's copy where
+    no epilogue backward wrote dyᵀ (``autograd._weight_gradient``)."""
     rows, cols = t.shape
     block = 64
     if not fused_kernels_apply(t) or t.numel() == 0 or -(-cols // block) > 65535:  # the grid's second dimension
@@ -343,8 +344,10 @@ class TritonVariant(Variant):
 
     def operands(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str):
         """(x, (x's operand, x's low part), (W's operand, W's low part), bias), checked and contiguous,
-        errors naming expected and got (x itself is what the backward's GEMMs take). W's operands
-        derive from the parameter once and are cached until it changes; x's are made per call
+        errors naming expected and got. The first x is what the backward's GEMMs take: x itself, or
+        under bf16 the bfloat16 copy made here (``backward_gemms`` would cast x again, a pass of
+        0.13 ms at 16384×4096; eager under autocast keeps that copy too). W's operands derive from
+        the parameter once and are cached until it changes; x's are made per call
         (``input_operands``). A missing bias is zeros."""
         n_out, n_in = weight.shape
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:
@@ -356,20 +359,14 @@ class TritonVariant(Variant):
         weights = self._weights.get([weight], lambda: weight_operands(w, operands), extra=(operands,))
         b = torch.zeros(n_out, device=x.device) if bias is None else operand(bias, f"{name}.bias", (n_out,), x.device)
         x = x.detach().contiguous()
-        return x, input_operands(x, operands), weights, b
+        xs = input_operands(x, operands)
+        return (xs[0] if xs[0].dtype == torch.bfloat16 else x), xs, weights, b
 
     @staticmethod
     def backward_weight(weight: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The weight the backward's cuBLAS GEMMs take: the bfloat16 copy under bf16, else the
         parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
-
-    @staticmethod
-    def saved_input(x: torch.Tensor, xs: Pair) -> torch.Tensor:
-        """The x a backward's weight gradient reads: under bf16 the bfloat16 copy the forward cast
-        (``backward_gemms`` would cast x again, a pass of 0.13 ms at 16384×4096; eager under
-        autocast keeps that copy too), else x itself."""
-        return xs[0] if xs[0].dtype == torch.bfloat16 else x
 
     def grid(self, x: torch.Tensor, n_out: int) -> tuple[int]:
         """One program per tile, or (persistent) one per SM, never more than there are tiles."""

@@ -103,8 +103,9 @@ def backward_kernels() -> list[str]:
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
             "bn_backward": lambda lay: gbn._bn_backward(grad, y, mean, mean * 2, mean * 0.5, mean * -3, lay),
         }
+        wants = {name: torch_formula(lambda: run(GradLayouts(True, False, True))) for name, run in runs.items()}
         for (name, run), lay in itertools.product(runs.items(), layouts):
-            got, want = run(lay), torch_formula(lambda: run(GradLayouts(True, False, True)))
+            got, want = run(lay), wants[name]
             case = f"{name} {(m, n)} rows={lay.rows} cols={lay.cols} sums={lay.sums} {str(lay.dtype)[6:]}"
             for part, asked, value, expected in (("dy", lay.rows, got.dy, want.dy),
                                                  ("dyT", lay.cols, got.dy_t, want.dy.t()),
@@ -218,8 +219,8 @@ def tf32_operands() -> list[str]:
 
 
 def transpose() -> list[str]:
-    """``triton_variant.transposed`` (the backward's K-major copies) equals torch's transpose at
-    shapes that end in partial tiles both ways, batch 1 and a single column included."""
+    """``triton_variant.transposed`` (the weight gradient's K-major copy of x) equals torch's
+    transpose at shapes that end in partial tiles both ways, batch 1 and a single column included."""
     from autofuse import triton_variant as tv
 
     generator = torch.Generator().manual_seed(4)

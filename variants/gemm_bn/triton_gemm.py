@@ -68,7 +68,7 @@ class TritonGemmBn(TritonVariant):
         self.module().gemm_affine[self.grid(x, n_out)](
             **self.main_loop(xs, weights), k_ptr=k, shift_ptr=shift, out_ptr=out, z_ptr=z, M=batch, N=n_out, K=n_in,
             SAVE_Z=save)
-        return out, ((self.saved_input(x, xs), w, z, k) if save else ())
+        return out, ((x, w, z, k) if save else ())
 
     def _train(self, model, ops, x, weight, save):
         x, xs, weights, _ = self.operands(x, weight, None, "gemm")
@@ -93,7 +93,7 @@ class TritonGemmBn(TritonVariant):
         rows, cols = NORMALIZE_BLOCK
         kernels.bn_normalize[(-(-batch // rows), -(-n_out // cols))](z, out, mean, coef, ops.beta, batch, n_out,
                                                                       BLOCK_R=rows, BLOCK_C=cols)
-        return out, ((self.saved_input(x, xs), w, z, mean, var, ops.scale, ops.gamma) if save else ())
+        return out, ((x, w, z, mean, var, ops.scale, ops.gamma) if save else ())
 
 
 @hookimpl

@@ -41,7 +41,7 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
             part_sum_ptr=part_sum, M=batch, N=n_out, K=n_in, SAVE_Y=save)
         kernels.softmax_normalize[(batch,)](logits, part_max, part_sum, n_out, parts,
                                             BLOCK_N=kernels.row_block(n_out), BLOCK_P=kernels.parts_block(parts))
-        return logits, ((self.saved_input(x, xs), w, b, y, None, logits) if save else ())
+        return logits, ((x, w, b, y, None, logits) if save else ())
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Every kernel a ``triton`` variant's forward launches compiles for Hopper (sm_90), on the CPU.
+"""Every kernel a ``triton`` variant launches, forward and backward, compiles for Hopper (sm_90), on the CPU.
 
 Running a kernel needs the GPU; compiling it needs only Triton's compiler and the ptxas that
 ships with it. So CI catches here what otherwise costs device time: a kernel that no longer
@@ -9,9 +9,11 @@ session), and a space that offers such configurations wastes tuning trials on th
 
 Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
 modules swapped for recorders, with and without a gradient needed (the kernels then also store
-what the backward reads). Each recorded launch is compiled with the types Triton would give
-its arguments. Configurations: per precision, the tuner's first, and the largest-footprint
-configuration of each operand path, with and without TMA.
+what the backward reads); then the backward runs on the forward's (unwritten) outputs, its
+Triton passes admitted on the CPU, and its launches are recorded too. Each recorded launch is
+compiled with the types Triton would give its arguments. Configurations: per precision, the
+tuner's first, and the largest-footprint configuration of each operand path, with and without
+TMA (the backward: the first; its kernels do not depend on the GEMM's).
 """
 
 import importlib
@@ -52,7 +54,13 @@ class _Recorder:
         return _Launch(self._record, value) if isinstance(value, triton.runtime.jit.JITFunction) else value
 
 
-def recorded_launches(monkeypatch, problem, mode, precision, params, grad):
+def _on_any_device(*tensors, dtypes=(torch.float32,)):
+    """``fused_kernels_apply`` without its device check: the backward's Triton passes are recorded on the CPU."""
+    return all(t.dtype in dtypes and t.is_contiguous() for t in tensors)
+
+
+def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False):
+    """The launches of the variant's forward, or with ``backward`` those of its backward after it."""
     # The kernel modules are imported anew with the interpreter off: another test of this session
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
@@ -68,9 +76,16 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad):
     variant = registry.get_variant(problem, "triton")(precision, **params)
     with torch.set_grad_enabled(grad):
         model.requires_grad_(grad)
-        variant(model, x)
+        out = variant(model, x)
     assert record, f"{problem}: the forward launched no kernel"
-    return record
+    if not backward:
+        return record
+    monkeypatch.setattr(importlib.import_module(f"autofuse.variants.{problem}.gradients"), "fused_kernels_apply",
+                        _on_any_device)
+    forward = len(record)
+    out.backward(torch.randn_like(out))
+    assert len(record) > forward, f"{problem}: the backward launched no Triton kernel"
+    return record[forward:]
 
 
 def compile_for_hopper(fn, args, kwargs):
@@ -124,3 +139,14 @@ def test_every_forward_kernel_compiles_for_hopper_within_its_shared_memory(monke
                     f"an H100 block has {H100_SHARED}")
     names = {name for name, _, _ in compiled}
     assert any("gemm" in name for name in names), names  # the GEMM itself was among them
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("problem,mode", [case for case in CASES if case != ("gemm_bn", "eval")])  # eval's is torch
+def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, precision):
+    names = set()
+    for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision,
+                                              configurations(problem, precision)[0], True, backward=True):
+        compile_for_hopper(fn, args, dict(kwargs))
+        names.add(fn.__name__)
+    assert names, problem

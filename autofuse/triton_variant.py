@@ -189,13 +189,14 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def fused_kernels_apply(*tensors: torch.Tensor) -> bool:
-    """Whether a backward's Triton kernels can take these tensors: float32 and contiguous, on
-    CUDA (or on the CPU under the interpreter), with Triton importable. Else the torch formula runs."""
+def fused_kernels_apply(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
+    """Whether a backward's Triton kernels can take these tensors: of ``dtypes`` (float32 unless
+    the kernel converts what it loads) and contiguous, on CUDA (or on the CPU under the
+    interpreter), with Triton importable. Else the torch formula runs."""
     if triton_missing() is not None:
         return False
     device = "cpu" if interpreting() else "cuda"
-    return all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == device for t in tensors)
+    return all(t.dtype in dtypes and t.is_contiguous() and t.device.type == device for t in tensors)
 
 
 def kernel_module(name: str, package: str | None = None):

@@ -58,6 +58,14 @@ def test_batchnorm_training_rule_matches_finite_differences(shape):
     _gradcheck(op, *inputs)
 
 
+@pytest.mark.parametrize("tile_rows", [2, 3])
+def test_batchnorm_training_rule_from_z_saved_less_each_row_tiles_mean(tile_rows):
+    """The Triton forward saves z − its row tile's mean and a shift per tile (7 rows: a partial tile)."""
+    op = gbn.train_op(gbn.torch_train_forward("fp32", 1e-5, tile_rows), "fp32", 1e-5, tile_rows)
+    inputs = (_leaf(7, 5), _leaf(4, 5, seed=1), _leaf(4, seed=2), _leaf(4, seed=3), _leaf(4, seed=4), _leaf(4, seed=5))
+    _gradcheck(op, *inputs)
+
+
 def test_batchnorm_training_rule_with_a_large_eps_where_the_scale_gradient_is_not_negligible():
     op = gbn.train_op(gbn.torch_train_forward("fp32", 0.5), "fp32", 0.5)
     inputs = (_leaf(6, 4), _leaf(3, 4, seed=1), _leaf(3, seed=2), _leaf(3, scale=0.3, seed=3), _leaf(3, seed=4),

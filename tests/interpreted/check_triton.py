@@ -61,7 +61,8 @@ def backward_kernels() -> list[str]:
     """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
     row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
     of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
-    bfloat16; then the per-column coefficients of gemm_bn's backward."""
+    bfloat16, and gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row
+    tile's mean); then gemm_bn's per-column coefficients from either z."""
     from autofuse import triton_variant
     from autofuse.autograd import GradLayouts
     from autofuse.variants.gemm_bn import gradients as gbn
@@ -98,10 +99,16 @@ def backward_kernels() -> list[str]:
         out = torch.softmax(torch.randn(m, n, generator=generator), dim=1)
         z = torch.logsumexp(y * 2.0, dim=1, keepdim=True)
         mean = y.mean(0)
+        # gemm_bn's z as its training forward saves it: plain, with shift −μ; or less each row
+        # tile's mean (16 rows: several tiles, a partial one), in bfloat16, with shift tile mean − μ
+        tile_means = torch.stack([tile.mean(0) for tile in y.split(16)])
+        y16, shift16 = (y - tile_means[torch.arange(m) // 16]).bfloat16(), tile_means - mean
         runs = {
             "gelu_softmax": lambda lay: g99.epilogue_backward(y, out, grad, lay),
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
-            "bn_backward": lambda lay: gbn._bn_backward(grad, y, mean, mean * 2, mean * 0.5, mean * -3, lay),
+            "bn_backward": lambda lay: gbn._bn_backward(grad, y, -mean[None], m, mean * 2, mean * 0.5, mean * -3, lay),
+            "bn_backward z16": lambda lay: gbn._bn_backward(grad, y16, shift16, 16, mean * 2, mean * 0.5, mean * -3,
+                                                            lay),
         }
         wants = {name: torch_formula(lambda: run(GradLayouts(True, False, True))) for name, run in runs.items()}
         for (name, run), lay in itertools.product(runs.items(), layouts):
@@ -118,8 +125,9 @@ def backward_kernels() -> list[str]:
                     compare(f"{case} {part}", value, expected)
         var = y.var(0, unbiased=False)
         scale, gamma = torch.randn(n, generator=generator), torch.rand(n, generator=generator) + 0.5
-        coefficients = lambda: gbn.bn_coefficients(grad, y, mean, var, scale, gamma, 1e-5)  # noqa: E731
-        compare(f"bn_coefficients {(m, n)}", coefficients(), torch_formula(coefficients))
+        for z, shift, tile_rows, name in ((y, -mean[None], m, "plain z"), (y16, shift16, 16, "tiled bfloat16 z")):
+            coefficients = lambda: gbn.bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, 1e-5)  # noqa: E731
+            compare(f"bn_coefficients {(m, n)} {name}", coefficients(), torch_formula(coefficients))
     # Nearly one-hot rows longer than a block (2048), the top entry in the last block: the kernel
     # finds it across blocks and keeps float32 accuracy (the textbook formula is 100x off here).
     a = torch.randn(5, 4100, generator=generator, dtype=torch.float64) * 8.0

@@ -10,8 +10,14 @@ the per-column coefficients, ``bn_coefficients``):
 db is exactly zero: the bias shifts every row of a column alike and the batch mean removes it.
 ds comes from ∂ŷ/∂s = (z − μ)·eps·r³ (s cancels but for eps). The running statistics get no
 gradient, as in PyTorch. Saved: x, the forward's GEMM weight operand, z (None where the forward
-normalised it in place or never stored it: recomputed with one GEMM), μ and σ² (None: taken
-from z again), s and γ.
+normalised it in place or never stored it: recomputed with one GEMM), its shift and σ² (None:
+taken from z again), s and γ.
+
+z as saved need not be z itself: z − μ = z_saved + shift[row // tile_rows], the shift a
+(row tiles × N) matrix (``centred``). A plain z has one row, −μ. The Triton forward stores each
+element less its row tile's mean (the shift is then tile mean − μ), and under bf16 in bfloat16:
+its rounding is then 2⁻⁹ of z's spread about the tile mean, never of a large common offset, which
+the mean's subtraction would turn into a large error in ŷ.
 
 Eval (running statistics). out = z·k + shift per column, with k = s·γ/√(running_var + eps) and
 shift = (b·s − running_mean)·γ/√(running_var + eps) + β computed from the parameters by
@@ -21,6 +27,8 @@ Saved: x, the weight operand, z (None: recomputed) and k.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -32,19 +40,34 @@ from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
 BACKWARD_BLOCK = (64, 128)
 COEFFICIENT_BLOCK = (64, 128)  # chunks summed at once × columns per program of bn_grad_coefficients
+Z_DTYPES = (torch.float32, torch.bfloat16)  # z as the kernels take it (bfloat16: training under bf16)
 
 
-def bn_coefficients(grad, z, mean, var, scale, gamma, eps: float) -> torch.Tensor:
+def centred(z: torch.Tensor, shift: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """z − μ in float32 (float64 stays) from z as saved: z + shift[row // tile_rows]."""
+    acc = torch.promote_types(z.dtype, torch.float32)
+    tiles = torch.arange(z.shape[0], device=z.device) // tile_rows
+    return z.to(acc) + shift.to(acc)[tiles]
+
+
+def row_block(rows: int, shift: torch.Tensor, tile_rows: int) -> int:
+    """Rows per program of a pass over z: a divisor of the row tile, so each program adds one
+    row of the shift (with a one-row shift, any)."""
+    return rows if shift.shape[0] == 1 else math.gcd(rows, tile_rows)
+
+
+def bn_coefficients(grad, z, shift, tile_rows: int, var, scale, gamma, eps: float) -> torch.Tensor:
     """Per column (a, b, c, ds, dγ, dβ), the rows of a (6, N) tensor: dz = a·g + b + c·(z − μ), and
     the gradients of s, γ and β. Where Triton can run: one pass over g and z for S and C in
     chunks, then one small kernel for the rest; else torch."""
     gamma = gamma if gamma is not None else torch.ones_like(var)
-    if fused_kernels_apply(grad, z, mean, var, scale, gamma):
+    if fused_kernels_apply(grad, shift, var, scale, gamma) and fused_kernels_apply(z, dtypes=Z_DTYPES):
         kernels = problem_kernels("gemm_bn")
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
+        rows = row_block(rows, shift, tile_rows)
         chunks = -(-m // rows)
         part_g, part_gc = torch.empty(2, chunks, n, device=grad.device)
-        kernels.column_grad_sums[(chunks, -(-n // cols))](grad, z, mean, part_g, part_gc, m, n,
+        kernels.column_grad_sums[(chunks, -(-n // cols))](grad, z, shift, part_g, part_gc, m, n, tile_rows,
                                                           BLOCK_R=rows, BLOCK_C=cols)
         coef = torch.empty(6, n, device=grad.device)
         block_p, block_c = COEFFICIENT_BLOCK
@@ -53,7 +76,7 @@ def bn_coefficients(grad, z, mean, var, scale, gamma, eps: float) -> torch.Tenso
         return coef
     acc = torch.promote_types(grad.dtype, torch.float32)
     g = grad.to(acc)
-    sum_g, sum_gc = g.sum(0), (g * (z.to(acc) - mean)).sum(0)
+    sum_g, sum_gc = g.sum(0), (g * centred(z, shift, tile_rows)).sum(0)
     m = z.shape[0]
     r = torch.rsqrt(scale * scale * var + eps)
     a = scale * gamma * r
@@ -61,27 +84,30 @@ def bn_coefficients(grad, z, mean, var, scale, gamma, eps: float) -> torch.Tenso
                         gamma * eps * r ** 3 * sum_gc, scale * r * sum_gc, sum_g])
 
 
-def _bn_backward(grad, z, mean, a, b, c, layouts: GradLayouts) -> GemmGrad:
+def _bn_backward(grad, z, shift, tile_rows: int, a, b, c, layouts: GradLayouts) -> GemmGrad:
     """dz = a·g + b + c·(z − μ) with per-column a, b, c in ``layouts``: one pass (a Triton kernel
     where it can run), else torch."""
-    if fused_kernels_apply(grad, z, mean, a, b, c):
+    if fused_kernels_apply(grad, shift, a, b, c) and fused_kernels_apply(z, dtypes=Z_DTYPES):
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
+        rows = row_block(rows, shift, tile_rows)
         buffers = GradBuffers(layouts, m, n, rows, grad.device)
         problem_kernels("gemm_bn").bn_backward[(-(-m // rows), -(-n // cols))](
-            grad, z, mean, a, b, c, **buffers.args, M=m, N=n, BLOCK_R=rows, BLOCK_C=cols)
+            grad, z, shift, a, b, c, **buffers.args, M=m, N=n, TILE_ROWS=tile_rows, BLOCK_R=rows, BLOCK_C=cols)
         return buffers.result()
-    return GemmGrad.of(a * grad + b + c * (z - mean), layouts)
+    return GemmGrad.of(a * grad + b + c * centred(z, shift, tile_rows), layouts)
 
 
-def train_backward(saved, grad, needs, precision, eps: float):
+def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | None):
     """(dx, dW, db, ds, dγ, dβ) per ``needs`` (inputs: x, weight, bias, scale, γ, β)."""
-    x, weight, z, mean, var, scale, gamma = saved
+    x, weight, z, shift, var, scale, gamma = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    if mean is None:
+    if shift is None:
         var, mean = torch.var_mean(z.to(torch.promote_types(z.dtype, torch.float32)), dim=0, correction=0)
-    a, b, c, ds, dgamma, dbeta = bn_coefficients(grad, z, mean, var, scale, gamma, eps)
-    dz = _bn_backward(grad, z, mean, a, b, c, grad_layouts(precision, needs[0], needs[1], False))
+        shift = -mean[None]
+    tile_rows = tile_rows if shift.shape[0] > 1 else max(z.shape[0], 1)
+    a, b, c, ds, dgamma, dbeta = bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, eps)
+    dz = _bn_backward(grad, z, shift, tile_rows, a, b, c, grad_layouts(precision, needs[0], needs[1], False))
     dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
     db = torch.zeros_like(scale) if needs[2] else None
     return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
@@ -114,10 +140,12 @@ def affine_coefficients(model) -> tuple[torch.Tensor, torch.Tensor]:
     return k, shift
 
 
-def train_op(forward, precision: str, eps: float) -> FusedOp:
+def train_op(forward, precision: str, eps: float, tile_rows: int | None = None) -> FusedOp:
     """The FusedOp of a training forward ``(x, weight, bias, scale, γ, β, save)`` returning
-    (out, (x, weight operand, z or None, μ or None, σ² or None, scale, γ))."""
-    return FusedOp(forward, lambda saved, grad, needs: train_backward(saved, grad, needs, precision, eps), precision)
+    (out, (x, weight operand, z or None, shift or None, σ² or None, scale, γ)), z's shift with
+    one row or one per ``tile_rows`` rows (see the module's docstring)."""
+    return FusedOp(forward, lambda saved, grad, needs: train_backward(saved, grad, needs, precision, eps, tile_rows),
+                   precision)
 
 
 def eval_op(forward, precision: str) -> FusedOp:
@@ -126,15 +154,20 @@ def eval_op(forward, precision: str) -> FusedOp:
     return FusedOp(forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision), precision)
 
 
-def torch_train_forward(precision, eps):
-    """The training forward written in torch (no running-statistics update), for tests of the backward."""
+def torch_train_forward(precision, eps, tile_rows: int | None = None):
+    """The training forward written in torch (no running-statistics update), for tests of the
+    backward; with ``tile_rows``, z saved less each row tile's mean, as the Triton forward saves it."""
     def forward(x, weight, bias, scale, gamma, beta, save):
         z = linear(x, weight, None, precision)
         var, mean = torch.var_mean(z, dim=0, correction=0)
         r = torch.rsqrt(scale * scale * var + eps)
         out = (z - mean) * (scale * r * (gamma if gamma is not None else 1.0))
         out = out + beta if beta is not None else out
-        return out, (x, weight, z, mean, var, scale, gamma)
+        if tile_rows is None:
+            return out, (x, weight, z, -mean[None], var, scale, gamma)
+        tile_means = torch.stack([tile.mean(0) for tile in z.split(tile_rows)])
+        tiles = torch.arange(z.shape[0]) // tile_rows
+        return out, (x, weight, z - tile_means[tiles], tile_means - mean, var, scale, gamma)
     return forward
 
 

@@ -1,11 +1,15 @@
 """Triton kernels of ``gemm_bn`` (imported by triton_gemm.py when it is built).
 
 Eval: ``gemm_affine`` applies out = z·k + shift per column to the accumulator in registers.
-Training: ``gemm_column_partials`` stores z and, per column and row tile, the tile's
-(mean, M2) from a two-pass over the accumulator (tile mean, then Σ(z − mean)²; rows past the
-batch excluded). ``bn_finish`` merges a column's tiles with Chan's parallel update (stable at
-any mean; never E[z²] − E[z]²), writes μ, σ² (biased) and coef = s·γ/√(s²σ² + eps), and updates
-the running statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
+Training: ``gemm_column_partials`` computes, per column and row tile, the tile's (mean, M2)
+from a two-pass over the accumulator (tile mean, then Σ(z − mean)²; rows past the batch
+excluded) and stores z less its tile's mean (in z's dtype: float32, or bfloat16 under bf16).
+``bn_finish`` merges a column's tiles with Chan's parallel update (stable at any mean; never
+E[z²] − E[z]²), writes μ, σ² (biased) and coef = s·γ/√(s²σ² + eps), turns the tile means into
+shifts (tile mean − μ, in place: z − μ = stored z + its tile's shift), and updates the running
+statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
+The passes over z take rows in blocks that lie within one row tile (TILE_ROWS a multiple of
+BLOCK_R, or one tile), so each loads one row of shifts.
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
 ``bn_grad_coefficients`` between them (gradients.py).
 """
@@ -61,7 +65,8 @@ def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_
         centred = tl.where(row_ok[:, None], acc - tile_mean[None, :], 0.0)
         tl.store(part_mean_ptr + pid_m * N + rn, tile_mean, mask=col_ok)
         tl.store(part_m2_ptr + pid_m * N + rn, tl.sum(centred * centred, axis=0), mask=col_ok)
-        tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], centred.to(z_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -85,6 +90,9 @@ def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr,
     var = m2 / M
     scale = tl.load(scale_ptr + cols, mask=ok, other=0.0)
     gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0)
+    for i in range(0, NUM_M):  # the tile means become the shifts of the stored z
+        tile_mean = tl.load(part_mean_ptr + i * N + cols, mask=ok, other=0.0)
+        tl.store(part_mean_ptr + i * N + cols, tile_mean - mean, mask=ok)
     tl.store(mean_ptr + cols, mean, mask=ok)
     tl.store(var_ptr + cols, var, mask=ok)
     tl.store(coef_ptr + cols, scale * gamma / tl.sqrt(scale * scale * var + eps), mask=ok)
@@ -98,21 +106,22 @@ def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr,
 
 
 @triton.jit
-def bn_normalize(z_ptr, out_ptr, mean_ptr, coef_ptr, beta_ptr, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def bn_normalize(z_ptr, out_ptr, shift_ptr, coef_ptr, beta_ptr, M, N, TILE_ROWS,
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
-    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
+    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
     coef = tl.load(coef_ptr + cols, mask=col_ok, other=0.0)
     beta = tl.load(beta_ptr + cols, mask=col_ok, other=0.0)
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     mask = (rows < M)[:, None] & col_ok[None, :]
-    z = tl.load(z_ptr + offsets, mask=mask, other=0.0)
-    tl.store(out_ptr + offsets, (z - mean[None, :]) * coef[None, :] + beta[None, :], mask=mask)
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offsets, (z + shift[None, :]) * coef[None, :] + beta[None, :], mask=mask)
 
 
 @triton.jit
-def column_grad_sums(grad_ptr, z_ptr, mean_ptr, part_g_ptr, part_gc_ptr, M, N,
+def column_grad_sums(grad_ptr, z_ptr, shift_ptr, part_g_ptr, part_gc_ptr, M, N, TILE_ROWS,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Per chunk of BLOCK_R rows: Σ g and Σ g·(z − μ) for BLOCK_C columns (the caller adds the
     chunks: deterministic, where atomics would add in any order)."""
@@ -122,7 +131,8 @@ def column_grad_sums(grad_ptr, z_ptr, mean_ptr, part_g_ptr, part_gc_ptr, M, N,
     mask = (rows < M)[:, None] & col_ok[None, :]
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
-    centred = tl.load(z_ptr + offsets, mask=mask, other=0.0) - tl.load(mean_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
+    centred = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + shift[None, :]
     tl.store(part_g_ptr + tl.program_id(0) * N + cols, tl.sum(grad, axis=0), mask=col_ok)
     tl.store(part_gc_ptr + tl.program_id(0) * N + cols, tl.sum(tl.where(mask, grad * centred, 0.0), axis=0), mask=col_ok)
 
@@ -157,7 +167,7 @@ def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr,
 
 
 @triton.jit
-def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr, part_ptr, M, N,
+def bn_backward(grad_ptr, z_ptr, shift_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr, part_ptr, M, N, TILE_ROWS,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
                 SUMS: tl.constexpr):
     """dz = a·g + b + c·(z − μ) per column (a = sγr, b = −sγr·S/n, c = −sγr·s²r²·C/n), stored as
@@ -170,7 +180,7 @@ def bn_backward(grad_ptr, z_ptr, mean_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr,
     a = tl.load(a_ptr + cols, mask=col_ok, other=0.0)[None, :]
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
-    z = tl.load(z_ptr + offsets, mask=mask, other=0.0)
-    store_gradient(a * grad + b + c * (z - mean), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    store_gradient(a * grad + b + c * (z + shift[None, :]), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

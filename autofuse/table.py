@@ -244,7 +244,8 @@ class DispatchTable:
         self.record_many([(fingerprint, problem, shape_key, dispatch_key, entry)])
 
     def record_many(self, items: list[tuple[dict, str, str, str, dict]]) -> None:
-        """Merge `items` into the file; each replaces the entry under the same key."""
+        """Merge `items` into the file; each replaces the entry under the same key, keeping the
+        replaced entry's records of variants the new one's tune did not run (``_carry_candidates``)."""
         # Validate before locking, so a caller's mistake never reaches the file.
         checked = [_check_item(*item) for item in items]
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +255,8 @@ class DispatchTable:
                 for fkey, fingerprint, problem, skey, dkey, entry in checked:
                     device = doc["devices"].setdefault(fkey, {"fingerprint": fingerprint, "problems": {}})
                     device["fingerprint"] = fingerprint
-                    device["problems"].setdefault(problem, {}).setdefault(skey, {})[dkey] = entry
+                    entries = device["problems"].setdefault(problem, {}).setdefault(skey, {})
+                    entries[dkey] = _carry_candidates(entries.get(dkey), entry)
                 self._write_atomic(_render(doc))
         except filelock.Timeout:
             raise TableError(
@@ -280,6 +282,20 @@ class DispatchTable:
         except BaseException:
             pathlib.Path(tmp.name).unlink(missing_ok=True)
             raise
+
+
+def _carry_candidates(previous, entry: dict) -> dict:
+    """``entry`` with ``previous``'s candidate records (the entry it replaces, if any) for the
+    variants its own tune did not run (``autofuse tune --variants``), each marked ``carried`` with
+    the date of the tune that measured it. ``autofuse bench`` measures every variant in its tuned
+    configuration: a retune of two variants must not send the others back to their defaults. The
+    winner is still this tune's, from its own side-by-side timings."""
+    old = previous.get("candidates") if isinstance(previous, dict) else None
+    if not isinstance(old, dict) or not isinstance(entry.get("candidates"), dict):
+        return entry
+    carried = {name: {**record, "carried": record.get("carried", previous.get("date"))}
+               for name, record in old.items() if name not in entry["candidates"] and isinstance(record, dict)}
+    return {**entry, "candidates": {**entry["candidates"], **carried}} if carried else entry
 
 
 def _check_item(fingerprint, problem, skey, dispatch_key, entry) -> tuple:

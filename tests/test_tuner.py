@@ -138,6 +138,19 @@ def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_pat
     assert measured == {"eager": 0, "simplified": 1}, measured
 
 
+def test_a_retune_of_some_variants_keeps_the_other_variants_records(tmp_path):
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=3, progress=False, autograd_entry=False)
+    [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["eager", "simplified"], n_trials=2, **kwargs)
+    [again] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["eager"], n_trials=1, **kwargs)
+    [[entry]] = [list(shapes.values()) for device in DispatchTable(tmp_path / "t.json").load()["devices"].values()
+                 for shapes in device["problems"]["matmul_gelu_softmax"].values()]
+    candidates = entry["candidates"]
+    assert entry["variant"] == "eager" and entry["date"] == again.winner["date"]  # this tune's winner, its own
+    assert "carried" not in candidates["eager"]  # measured by this tune
+    assert candidates["simplified"]["params"] == first.winner["candidates"]["simplified"]["params"]
+    assert candidates["simplified"]["carried"] == first.winner["date"]
+
+
 def test_recorded_configurations_come_first_once_and_only_from_the_space():
     import optuna
 

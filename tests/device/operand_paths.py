@@ -1,0 +1,62 @@
+"""Where should bf16 x be converted? The triton variants' forward with each operand path, side by side.
+
+    python3 tests/device/operand_paths.py [--precision bf16] [--rounds 20]
+
+For each triton key at its default shapes (22, 99, gemm_bn eval and train), the configuration the
+shipped table recorded for triton (else the default) is run with each operand path of the
+precision (bf16: ``cast_pass``, x cast by a pass, and ``convert``, float32 x rounded in the
+kernel), with and without TMA, timed interleaved (``autofuse.timing``, L2 flushed), under
+no_grad: the forward a tune times. cuBLAS's GEMM alone on pre-cast operands is the floor.
+Prints one JSON line per key.
+"""
+
+import argparse
+import json
+
+import torch
+
+from autofuse import registry, timing
+from autofuse.precision import math_mode
+from autofuse.triton_variant import OPERANDS
+from autofuse.verify import CheckCase, build_case
+
+from ncu_gemm import tabled_params
+
+KEYS = [("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"), ("gemm_bn", "eval"),
+        ("gemm_bn", "train")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args()
+    paths = [name for name, (served, *_) in OPERANDS.items() if served == args.precision]
+    print(torch.cuda.get_device_name(), args.precision, paths, flush=True)
+    for problem, mode in KEYS:
+        prob = registry.get_problem(problem)
+        cls = registry.get_variant(problem, "triton")
+        for shape in prob.default_shapes:
+            valid = cls.configs_for(shape, "cuda", args.precision)
+            base = tabled_params(problem, dict(shape), args.precision, mode) or valid[0]
+            model, x = build_case(prob, CheckCase(dict(shape), "rand", 0, False), "cuda", torch.float32, mode)
+            fns = {}
+            for operands in paths:
+                for tma in (True, False):
+                    params = {**base, "operands": operands, "tma": tma}
+                    if params not in valid:
+                        continue
+                    variant = cls(args.precision, **params)
+                    fns[f"{operands} tma={tma}"] = lambda v=variant: v(model, x)
+            w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear))
+            xb, wb = x.bfloat16(), w.detach().bfloat16()
+            fns["floor"] = lambda: torch.mm(xb, wb.t())
+            with torch.no_grad(), math_mode(args.precision):
+                times = timing.time_interleaved(fns, "cuda", rounds=args.rounds)
+            print(json.dumps({"key": f"{problem} {mode} {shape}", "base": base,
+                              "ms": {k: [round(t.median_ms, 4), round(t.p20_ms, 4), round(t.p80_ms, 4)]
+                                     for k, t in times.items()}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,10 +80,10 @@ def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constex
             b_lo = tensor_core_tf32(b_lo)
     if MODE == "3xtf32":
         return split_dot(a, a_lo, b, b_lo, acc)
-    elif MODE == "bf16":  # a may be float32 x (operands "convert"): rounded here, in registers
+    elif MODE == "bf16":
         if INTERPRET:
-            return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(a.to(tl.bfloat16), b, acc)
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(a, b, acc)
     elif MODE == "tf32":
         return tl.dot(a, b, acc, input_precision="tf32")
     else:

@@ -57,13 +57,13 @@ OPERANDS = {
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
-    "convert": ("bf16", "bf16", 4, 2),  # float32 x read by the kernel, rounded in registers; W's copy cached
 }
-# Where bf16 x is converted is measured, not assumed: the cast pass writes 2 bytes and the kernel
-# reads 2 per element per column tile; "convert" reads 4 per element per column tile (twice the
-# shared memory per stage) and writes nothing. A probe at 1024×8192×8192 (pointer loads) ran
-# 0.225 ms converting in the kernel against 0.236 for our kernel plus the cast pass (H100); at
-# 16384×4096² the cast pass alone is 0.136 ms of a 1.10 ms gemm_bn forward. The tuner decides.
+# Under bf16, x converted inside the kernel (float32 x loaded, rounded in registers: commit
+# ea4a20f, "convert") is not offered: it passed the gates but was 4-12% slower than the cast
+# pass plus the bfloat16 main loop at every triton key's tuned configuration, with TMA or
+# pointer loads (22: 0.2218 against 0.2056 ms; gemm_bn train 16384: 1.1642 against 1.1008; H100,
+# tests/device/operand_paths.py). Reading float32 x once per column tile costs more than one
+# pass that writes it in bfloat16.
 # The first configuration of each precision (the tuner tries it first): the fastest of the probes
 # at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe").
 DEFAULTS = {
@@ -153,7 +153,7 @@ def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch
     if operands == "round_host":
         hi = round_tf32(w)
         return hi, hi
-    if operands in ("cast_pass", "convert"):
+    if operands == "cast_pass":
         wb = w.bfloat16()
         return wb, wb
     w = w.contiguous()

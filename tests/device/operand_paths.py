@@ -4,10 +4,11 @@
 
 For each triton key at its default shapes (22, 99, gemm_bn eval and train), the configuration the
 shipped table recorded for triton (else the default) is run with each operand path of the
-precision (bf16: ``cast_pass``, x cast by a pass, and ``convert``, float32 x rounded in the
-kernel), with and without TMA, timed interleaved (``autofuse.timing``, L2 flushed), under
+precision, with and without TMA, timed interleaved (``autofuse.timing``, L2 flushed), under
 no_grad: the forward a tune times. cuBLAS's GEMM alone on pre-cast operands is the floor.
-Prints one JSON line per key.
+Prints one JSON line per key. It measured bf16's ``convert`` path (float32 x rounded in the
+kernel) against ``cast_pass`` at commit ea4a20f, which then left the space
+(``triton_variant.OPERANDS``; logs 2026-11-23j-5-*).
 """
 
 import argparse

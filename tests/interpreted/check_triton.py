@@ -27,7 +27,7 @@ CONFIGS = {  # the two schedules and both operand paths
                  "persistent": False, "tma": True},
 }
 # How the operands reach the dot, per precision and configuration (every kind is run by one of the two).
-OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_host", "round_host"), "bf16": ("convert", "cast_pass")}
+OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_host", "round_host"), "bf16": ("cast_pass", "cast_pass")}
 
 
 def gate(problem: str, config: str, precisions: str) -> list[str]:

@@ -38,6 +38,10 @@ def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
     _run("backward_kernels")
 
 
+def test_gemm_bn_training_without_running_statistics_interpreted():
+    _run("bn_without_running_stats")
+
+
 def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
     _run("avgpool_backward")
 

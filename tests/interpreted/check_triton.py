@@ -142,6 +142,45 @@ def backward_kernels() -> list[str]:
     return failures
 
 
+def bn_without_running_stats() -> list[str]:
+    """gemm_bn's Triton training with BatchNorm1d(track_running_stats=False): batch statistics and
+    nothing to update (``bn_finish`` without running-statistics pointers), output and gradients
+    against float64, at fp32 and bf16, over several row tiles and a partial one."""
+    import copy
+
+    from autofuse.verify import build_case
+
+    prob = registry.get_problem("gemm_bn")
+    failures = []
+    for precision in ("fp32", "bf16"):
+        operands = OPERANDS[precision][0]
+        variant = registry.get_variant("gemm_bn", "triton")(precision, **CONFIGS["persistent-pointers"],
+                                                            operands=operands)
+        model, x = build_case(prob, CheckCase({"batch_size": 37, "in_features": 40, "out_features": 33}, "randn", 3,
+                                              True), "cpu", torch.float32, "train")
+        bn = torch.nn.BatchNorm1d(33, track_running_stats=False)
+        bn.load_state_dict({k: v for k, v in model.bn.state_dict().items() if k in ("weight", "bias")})
+        model.bn = bn
+        model64 = copy.deepcopy(model).double()
+        x64 = x.double().requires_grad_()
+        ref = model64(x64)
+        upstream = torch.randn_like(ref)
+        wants = torch.autograd.grad(ref, [x64, *model64.parameters()], upstream)
+        xv = x.clone().requires_grad_()
+        out = variant(model, xv)
+        gots = torch.autograd.grad(out, [xv, *model.parameters()], upstream.float(), allow_unused=True)
+        bound = prob.tolerances[precision].rel_l2
+        names = ["out", "x"] + [n for n, _ in model.named_parameters()]
+        for name, got, want in zip(names, [out, *gots], [ref, *wants]):
+            if name == "gemm.bias":  # zero in exact arithmetic (the batch mean removes it)
+                continue
+            error = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+            print("bn without running stats", precision, name, f"relative error {error:.3g}", flush=True)
+            if not error < bound:
+                failures.append(f"bn without running stats {precision} {name}: relative error {error:.3g} > {bound}")
+    return failures
+
+
 def avgpool_backward() -> list[str]:
     """51's two backward passes against its torch formulas, with the forward's r saved and without:
     every subset of gradients asked for, at blocks small enough that rows, columns, partial sums
@@ -317,7 +356,8 @@ if __name__ == "__main__":
     problems = {"gate": gate, "backward_kernels": backward_kernels,
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
-                "tf32_operands": tf32_operands, "transpose": transpose}
+                "tf32_operands": tf32_operands, "transpose": transpose,
+                "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)
     for line in found:
         print("FAIL:", line)

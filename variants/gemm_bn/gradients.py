@@ -40,7 +40,12 @@ from autofuse.triton_variant import fused_kernels_apply, problem_kernels
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
 BACKWARD_BLOCK = (64, 128)
 COEFFICIENT_BLOCK = (64, 128)  # chunks summed at once × columns per program of bn_grad_coefficients
-Z_DTYPES = (torch.float32, torch.bfloat16)  # z as the kernels take it (bfloat16: training under bf16)
+
+
+def _kernels_apply(grad, z, *float32) -> bool:
+    """Whether the Triton passes take these: z in float32 or bfloat16 (training under bf16 keeps
+    it so; the kernels convert what they load), the rest float32 (``fused_kernels_apply``)."""
+    return fused_kernels_apply(grad, *float32) and fused_kernels_apply(z, dtypes=(torch.float32, torch.bfloat16))
 
 
 def centred(z: torch.Tensor, shift: torch.Tensor, tile_rows: int) -> torch.Tensor:
@@ -61,7 +66,7 @@ def bn_coefficients(grad, z, shift, tile_rows: int, var, scale, gamma, eps: floa
     the gradients of s, γ and β. Where Triton can run: one pass over g and z for S and C in
     chunks, then one small kernel for the rest; else torch."""
     gamma = gamma if gamma is not None else torch.ones_like(var)
-    if fused_kernels_apply(grad, shift, var, scale, gamma) and fused_kernels_apply(z, dtypes=Z_DTYPES):
+    if _kernels_apply(grad, z, shift, var, scale, gamma):
         kernels = problem_kernels("gemm_bn")
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         rows = row_block(rows, shift, tile_rows)
@@ -87,7 +92,7 @@ def bn_coefficients(grad, z, shift, tile_rows: int, var, scale, gamma, eps: floa
 def _bn_backward(grad, z, shift, tile_rows: int, a, b, c, layouts: GradLayouts) -> GemmGrad:
     """dz = a·g + b + c·(z − μ) with per-column a, b, c in ``layouts``: one pass (a Triton kernel
     where it can run), else torch."""
-    if fused_kernels_apply(grad, shift, a, b, c) and fused_kernels_apply(z, dtypes=Z_DTYPES):
+    if _kernels_apply(grad, z, shift, a, b, c):
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         rows = row_block(rows, shift, tile_rows)
         buffers = GradBuffers(layouts, m, n, rows, grad.device)

@@ -98,13 +98,12 @@ class TritonGemmBn(TritonVariant):
         kernels.gemm_column_partials[self.grid(x, n_out)](
             **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2,
             M=batch, N=n_out, K=n_in)
-        mean, var, coef = torch.empty(3, n_out, device=x.device)
+        var, coef = torch.empty(2, n_out, device=x.device)
         update = ops.running_mean is not None
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
         kernels.bn_finish[(-(-n_out // FINISH_COLUMNS),)](
-            part_mean, part_m2, mean, var, coef, ops.bias, ops.scale, ops.gamma,
-            ops.running_mean if update else mean, ops.running_var if update else var, ops.eps, factor,
-            batch, n_out, tile_m, row_tiles, BLOCK_C=FINISH_COLUMNS, UPDATE=update)
+            part_mean, part_m2, var, coef, ops.bias, ops.scale, ops.gamma, ops.running_mean, ops.running_var,
+            ops.eps, factor, batch, n_out, tile_m, row_tiles, BLOCK_C=FINISH_COLUMNS, UPDATE=update)
         shift = part_mean  # bn_finish's: z − μ = z + shift[row // tile_m]
         out = torch.empty(batch, n_out, device=x.device) if save or z.dtype != torch.float32 else z
         rows, cols = NORMALIZE_BLOCK

@@ -5,11 +5,11 @@ Training: ``gemm_column_partials`` computes, per column and row tile, the tile's
 from a two-pass over the accumulator (tile mean, then Σ(z − mean)²; rows past the batch
 excluded) and stores z less its tile's mean (in z's dtype: float32, or bfloat16 under bf16).
 ``bn_finish`` merges a column's tiles with Chan's parallel update (stable at any mean; never
-E[z²] − E[z]²), writes μ, σ² (biased) and coef = s·γ/√(s²σ² + eps), turns the tile means into
+E[z²] − E[z]²), writes σ² (biased) and coef = s·γ/√(s²σ² + eps), turns the tile means into
 shifts (tile mean − μ, in place: z − μ = stored z + its tile's shift), and updates the running
 statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
 The passes over z take rows in blocks that lie within one row tile (TILE_ROWS a multiple of
-BLOCK_R, or one tile), so each loads one row of shifts.
+BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
 ``bn_grad_coefficients`` between them (gradients.py).
 """
@@ -70,7 +70,7 @@ def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_
 
 
 @triton.jit
-def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr, scale_ptr, gamma_ptr,
+def bn_finish(part_mean_ptr, part_m2_ptr, var_ptr, coef_ptr, bias_ptr, scale_ptr, gamma_ptr,
               running_mean_ptr, running_var_ptr, eps, factor, M, N, TILE_M, NUM_M,
               BLOCK_C: tl.constexpr, UPDATE: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -93,7 +93,6 @@ def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr,
     for i in range(0, NUM_M):  # the tile means become the shifts of the stored z
         tile_mean = tl.load(part_mean_ptr + i * N + cols, mask=ok, other=0.0)
         tl.store(part_mean_ptr + i * N + cols, tile_mean - mean, mask=ok)
-    tl.store(mean_ptr + cols, mean, mask=ok)
     tl.store(var_ptr + cols, var, mask=ok)
     tl.store(coef_ptr + cols, scale * gamma / tl.sqrt(scale * scale * var + eps), mask=ok)
     if UPDATE:  # y = (z + b)·s: mean s·(μ + b), unbiased variance s²·σ²·n/(n − 1)
@@ -106,12 +105,19 @@ def bn_finish(part_mean_ptr, part_m2_ptr, mean_ptr, var_ptr, coef_ptr, bias_ptr,
 
 
 @triton.jit
+def block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R: tl.constexpr):
+    """The shifts (z − μ = stored z + shift) of this program's block of rows, which lies in one row
+    tile of TILE_ROWS rows: that tile's row of the (row tiles × N) shift matrix."""
+    return tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
+
+
+@triton.jit
 def bn_normalize(z_ptr, out_ptr, shift_ptr, coef_ptr, beta_ptr, M, N, TILE_ROWS,
                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
-    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
+    shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     coef = tl.load(coef_ptr + cols, mask=col_ok, other=0.0)
     beta = tl.load(beta_ptr + cols, mask=col_ok, other=0.0)
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -131,7 +137,7 @@ def column_grad_sums(grad_ptr, z_ptr, shift_ptr, part_g_ptr, part_gc_ptr, M, N, 
     mask = (rows < M)[:, None] & col_ok[None, :]
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
-    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
+    shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     centred = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + shift[None, :]
     tl.store(part_g_ptr + tl.program_id(0) * N + cols, tl.sum(grad, axis=0), mask=col_ok)
     tl.store(part_gc_ptr + tl.program_id(0) * N + cols, tl.sum(tl.where(mask, grad * centred, 0.0), axis=0), mask=col_ok)
@@ -180,7 +186,7 @@ def bn_backward(grad_ptr, z_ptr, shift_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr
     a = tl.load(a_ptr + cols, mask=col_ok, other=0.0)[None, :]
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    shift = tl.load(shift_ptr + (tl.program_id(0) * BLOCK_R // TILE_ROWS) * N + cols, mask=col_ok, other=0.0)
+    shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     store_gradient(a * grad + b + c * (z + shift[None, :]), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

@@ -128,9 +128,13 @@ class SharedStudy:
             time.sleep(LABEL_POLL_S)
 
     def _read(self) -> View:
+        # Running trials first, results second: a trial that finishes between the two reads is
+        # then a result. In the other order it was in neither, and another process measured its
+        # configuration again (seen once in CI: test_two_tuner_processes_share_one_postgresql_study).
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         results, claims, unlabelled = measured(self.study), {}, []
         now = time.time()
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        for trial in running:
             if trial.number in self._mine:
                 continue
             if _dead(trial, now):

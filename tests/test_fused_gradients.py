@@ -49,6 +49,16 @@ def test_clamp_lse_mish_rule_matches_finite_differences(shape, scalars):
     _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2))
 
 
+@pytest.mark.parametrize("tile_n", [2, 3])
+@pytest.mark.parametrize("scalars", [(4.0, -10.0, 10.0), (4.0, -0.5, 0.7)], ids=["wide", "clamping"])
+def test_clamp_lse_mish_rule_from_softmax_parts(tile_n, scalars):
+    """The bf16 Triton forward saves q = exp(c − tile max)·[inside] and the tile maxima in place of
+    the logits (5 columns: a partial tile); float64 here, so finite differences can check it."""
+    parts = g22.SoftmaxParts(tile_n)
+    op = g22.fused_op(g22.torch_forward("fp32", scalars, parts), "fp32", scalars, parts)
+    _gradcheck(op, _leaf(7, 6), _leaf(5, 6, seed=1), _leaf(5, seed=2))
+
+
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
 def test_batchnorm_training_rule_matches_finite_differences(shape):
     batch, n_in, n_out = shape

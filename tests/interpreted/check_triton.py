@@ -61,7 +61,8 @@ def backward_kernels() -> list[str]:
     """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
     row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
     of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
-    bfloat16, and gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row
+    bfloat16; matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
+    ones against the formula from the logits, bfloat16 ones against the same formula); and gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row
     tile's mean); then gemm_bn's per-column coefficients from either z."""
     from autofuse import triton_variant
     from autofuse.autograd import GradLayouts
@@ -76,7 +77,7 @@ def backward_kernels() -> list[str]:
         """``run()`` with every backward's Triton path switched off (its torch formula instead)."""
         saved = triton_variant.fused_kernels_apply
         for module in (g99, g22, gbn):
-            module.fused_kernels_apply = lambda *t: False
+            module.fused_kernels_apply = lambda *t, **kwargs: False
         try:
             return run()
         finally:
@@ -103,14 +104,24 @@ def backward_kernels() -> list[str]:
         # tile's mean (16 rows: several tiles, a partial one), in bfloat16, with shift tile mean − μ
         tile_means = torch.stack([tile.mean(0) for tile in y.split(16)])
         y16, shift16 = (y - tile_means[torch.arange(m) // 16]).bfloat16(), tile_means - mean
+        # 22's bf16 forward saves q = exp(c − m)·[inside] with m the row's max over 16-column tiles
+        parts = g22.torch_forward("fp32", (2.0, -1.0, 1.5), g22.SoftmaxParts(16))
+        _, (_, _, _, q, part_max, z_clamped) = parts(y, torch.eye(n), torch.zeros(n), True)
         runs = {
             "gelu_softmax": lambda lay: g99.epilogue_backward(y, out, grad, lay),
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
+            "clamp_lse from q": lambda lay: g22.epilogue_backward_from_q(q, part_max, z_clamped,
+                                                                         grad[:, :1].contiguous(), 2.0, 16, lay),
+            "clamp_lse from q16": lambda lay: g22.epilogue_backward_from_q(q.bfloat16(), part_max, z_clamped,
+                                                                           grad[:, :1].contiguous(), 2.0, 16, lay),
             "bn_backward": lambda lay: gbn._bn_backward(grad, y, -mean[None], m, mean * 2, mean * 0.5, mean * -3, lay),
             "bn_backward z16": lambda lay: gbn._bn_backward(grad, y16, shift16, 16, mean * 2, mean * 0.5, mean * -3,
                                                             lay),
         }
         wants = {name: torch_formula(lambda: run(GradLayouts(True, False, True))) for name, run in runs.items()}
+        # from float32 q, the formula from the logits themselves
+        wants["clamp_lse from q"] = torch_formula(lambda: g22.epilogue_backward(
+            y, z_clamped, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, GradLayouts(True, False, True)))
         for (name, run), lay in itertools.product(runs.items(), layouts):
             got, want = run(lay), wants[name]
             case = f"{name} {(m, n)} rows={lay.rows} cols={lay.cols} sums={lay.sums} {str(lay.dtype)[6:]}"

@@ -11,9 +11,17 @@ logits: recomputed with one GEMM; the Triton kernel stores them only when a grad
 needed), the bias still to add to y, and z (None: one more read of y in the backward, for
 kernels that output z·mish(z) only). Eager autograd keeps the logits, their scaled and
 clamped copies and the logsumexp; this keeps the logits and z.
+
+Under bf16 the Triton forward saves, in place of y, what ∂L/∂y needs of it (``SoftmaxParts``):
+q = exp(c − m)·[lo ≤ v ≤ hi] in bfloat16, m being the row's max over its forward tile of
+columns (the epilogue computes both anyway), so exp(c − z)·[inside] = q·exp(m − z). That is half
+the bytes of the float32 logits, stored by the forward's GEMM and read by the backward; q is in
+(0, 1], so bfloat16 costs it 2⁻⁹ relative, the rounding the bf16 backward gives dy itself.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -50,30 +58,71 @@ def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradL
     return GemmGrad.of(dy, layouts)
 
 
-def backward(saved, grad, needs, precision, scalars):
-    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``scalars`` = (t, lo, hi)."""
+@dataclasses.dataclass(frozen=True)
+class SoftmaxParts:
+    """How a forward saved q = exp(c − m)·[inside] in place of the logits (module docstring):
+    ``tile_n`` columns share each of a row's maxima m (``part_max``, batch × ⌈N / tile_n⌉)."""
+
+    tile_n: int
+
+
+def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layouts: GradLayouts) -> GemmGrad:
+    """``epilogue_backward`` from q and its tile maxima (``SoftmaxParts``) instead of the logits."""
+    rows, cols = BACKWARD_BLOCK
+    if fused_kernels_apply(q, dtypes=(torch.bfloat16, torch.float32)) and fused_kernels_apply(part_max, z, grad):
+        buffers = GradBuffers(layouts, q.shape[0], q.shape[1], rows, q.device)
+        grid = (-(-q.shape[0] // rows), -(-q.shape[1] // cols))
+        problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward_from_q[grid](
+            q, part_max, z, grad, **buffers.args, t=t, M=q.shape[0], N=q.shape[1], PARTS=part_max.shape[1],
+            TILE_N=tile_n, BLOCK_R=rows, BLOCK_C=cols)
+        return buffers.result()
+    acc = torch.promote_types(z.dtype, torch.float32)
+    m = part_max.to(acc).repeat_interleave(tile_n, dim=1)[:, :q.shape[1]]
+    dy = q.to(acc) * torch.exp(m - z.to(acc)) * (grad.to(acc) * output_grad(z.to(acc)) * t)
+    return GemmGrad.of(dy, layouts)
+
+
+def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None = None):
+    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``scalars`` = (t, lo, hi). With
+    ``parts`` the saved (y, bias still to add) are (q, part_max) instead (``SoftmaxParts``)."""
     x, weight, bias, y, y_bias, z = saved
-    y = saved_logits(x, weight, bias, y, y_bias, precision)
-    if z is None:
-        t, lo, hi = scalars
-        z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)
-    dy = epilogue_backward(y, z, grad, *scalars, grad_layouts(precision, *needs))
+    layouts = grad_layouts(precision, *needs)
+    if parts is not None:
+        dy = epilogue_backward_from_q(y, y_bias, z, grad, scalars[0], parts.tile_n, layouts)
+    else:
+        y = saved_logits(x, weight, bias, y, y_bias, precision)
+        if z is None:
+            t, lo, hi = scalars
+            z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1,
+                                keepdim=True)
+        dy = epilogue_backward(y, z, grad, *scalars, layouts)
     dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
     return dx, dw, dy.bias
 
 
-def fused_op(forward, precision: str, scalars: tuple[float, float, float]) -> FusedOp:
+def fused_op(forward, precision: str, scalars: tuple[float, float, float],
+             parts: SoftmaxParts | None = None) -> FusedOp:
     """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
-    (out, (x, weight operand, bias, y or None, bias still to add to y or None, z))."""
-    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, scalars), precision)
+    (out, (x, weight operand, bias, y or None, bias still to add to y or None, z)), or with
+    ``parts`` (out, (x, weight operand, bias, q, part_max, z))."""
+    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, scalars, parts),
+                   precision)
 
 
-def torch_forward(precision, scalars):
-    """The fused forward written in torch (saving y), for tests of the backward on any device."""
+def torch_forward(precision, scalars, parts: SoftmaxParts | None = None):
+    """The fused forward written in torch (saving y, or with ``parts`` q and the tile maxima as the
+    bf16 Triton forward does), for tests of the backward on any device."""
     t, lo, hi = scalars
 
     def forward(x, weight, bias, save):
         y = linear(x, weight, bias, precision)
-        z = torch.logsumexp((y * t).clamp(lo, hi), dim=1, keepdim=True)
-        return z * F.mish(z), (x, weight, bias, y, None, z)
+        c = (y * t).clamp(lo, hi)
+        z = torch.logsumexp(c, dim=1, keepdim=True)
+        if parts is None:
+            return z * F.mish(z), (x, weight, bias, y, None, z)
+        part_max = torch.stack([tile.amax(dim=1) for tile in c.split(parts.tile_n, dim=1)], dim=1)
+        inside = ((y * t) >= lo) & ((y * t) <= hi)
+        m = part_max.repeat_interleave(parts.tile_n, dim=1)[:, :y.shape[1]]
+        q = torch.where(inside, torch.exp(c - m), 0.0).to(torch.bfloat16 if precision == "bf16" else y.dtype)
+        return z * F.mish(z), (x, weight, bias, q, part_max.contiguous(), z)
     return forward

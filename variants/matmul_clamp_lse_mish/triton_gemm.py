@@ -6,7 +6,8 @@ the float32 accumulator in registers, adds the bias, scales, clamps and leaves p
 tile the pair (max, Σ exp(v − max)); ``lse_mish_finish`` merges a row's pairs with the max
 subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch × hidden) logits
 never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. With a gradient
-needed the kernel stores the logits (the backward needs them) and the finish keeps z
+needed the kernel stores the logits (the backward needs them), under bf16 their softmax factors
+in bfloat16 instead (half the bytes; ``gradients.SoftmaxParts``), and the finish keeps z
 (gradients.py). The main loop is the shared one (``autofuse.triton_gemm``). Kernels:
 triton_kernels.py. Preconditions: float32 tensors (made contiguous) on CUDA, or on the CPU
 under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every call.
@@ -33,27 +34,34 @@ class TritonClampLseMish(TritonVariant):
 
     def forward(self, model, x):
         scalars = clamp_lse_scalars(model)
-        op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
+        # Under bf16 a gradient's forward saves the softmax factors in bfloat16, not the logits.
+        parts = gradients.SoftmaxParts(self.params["block_n"]) if self.precision == "bf16" else None
+        op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, parts, save=save), self.precision, scalars,
+                                parts)
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)
 
-    def _fused(self, x, weight, bias, scalars, save):
+    def _fused(self, x, weight, bias, scalars, parts, save):
         x, xs, weights, b = self.operands(x, weight, bias, "matmul")
         w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         kernels = self.module()
-        parts = -(-n_out // self.params["block_n"])
-        y = torch.empty(batch, n_out, device=x.device) if save else b  # b: an unused pointer
-        part_max = torch.empty(batch, parts, device=x.device)
+        tiles = -(-n_out // self.params["block_n"])
+        save_y, save_q = save and parts is None, save and parts is not None
+        y = torch.empty(batch, n_out, device=x.device) if save_y else b  # b: an unused pointer
+        q = torch.empty(batch, n_out, device=x.device, dtype=torch.bfloat16) if save_q else b
+        part_max = torch.empty(batch, tiles, device=x.device)
         part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
         kernels.gemm_clamp_lse_partials[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, part_max_ptr=part_max, part_sum_ptr=part_sum,
-            t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save)
+            **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, q_ptr=q, part_max_ptr=part_max, part_sum_ptr=part_sum,
+            t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save_y, SAVE_Q=save_q)
         z = torch.empty(batch, 1, device=x.device)
         out = torch.empty_like(z)
-        kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, parts,
-                                                              BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(parts))
-        return out, ((x, w, b, y, None, z) if save else ())
+        kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, tiles,
+                                                              BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(tiles))
+        if not save:
+            return out, ()
+        return out, ((x, w, b, q, part_max, z) if save_q else (x, w, b, y, None, z))
 
 
 @hookimpl

@@ -2,10 +2,12 @@
 
 ``gemm_clamp_lse_partials``: the shared main loop, then from the accumulator: + bias, × t,
 clamp, and per row of the tile the pair (max, Σ exp(v − max)); the logits never reach memory
-(unless a gradient needs them: SAVE_Y). ``lse_mish_finish``: per row, the pairs merged with the
+(unless a gradient needs them: SAVE_Y, or under bf16 SAVE_Q: their softmax factors relative to
+the tile's max, in bfloat16). ``lse_mish_finish``: per row, the pairs merged with the
 max subtracted (no overflow at any clamp bound), z = max + log Σ, out = z·mish(z); z is kept
 for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t
-in tiles, h'(z) included, written in the layouts the backward's GEMMs want (``store_gradient``).
+in tiles, h'(z) included, written in the layouts the backward's GEMMs want (``store_gradient``);
+``clamp_lse_backward_from_q`` the same from the bf16 forward's saved softmax factors (SAVE_Q).
 """
 
 import triton
@@ -17,9 +19,10 @@ from autofuse.triton_gemm import exp_nonpositive, parts_block, store_gradient, t
 
 @triton.jit
 def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, bias_ptr, y_ptr,
-                            part_max_ptr, part_sum_ptr, t, lo, hi, M, N, K, BLOCK_M: tl.constexpr,
+                            q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi, M, N, K, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr,
-                            TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
+                            TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr,
+                            SAVE_Q: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
@@ -35,11 +38,17 @@ def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc,
         v = tl.minimum(tl.maximum(y * t, lo), hi)
         live = tl.where(col_ok[None, :], v, float("-inf"))
         tile_max = tl.max(live, axis=1)
-        tile_sum = tl.sum(exp_nonpositive(live - tile_max[:, None]), axis=1)
+        e = exp_nonpositive(live - tile_max[:, None])
+        tile_sum = tl.sum(e, axis=1)
         tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
         tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
+        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
         if SAVE_Y:
-            tl.store(y_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+            tl.store(y_ptr + offsets, y, mask=row_ok[:, None] & col_ok[None, :])
+        if SAVE_Q:  # the backward's softmax factor, relative to the tile's max; 0 where clamped
+            inside = (y * t >= lo) & (y * t <= hi)
+            q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
+            tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -74,6 +83,16 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
 
 
 @triton.jit
+def output_scale(z_ptr, g_ptr, rows, row_ok, t):
+    """g·h'(z)·t per row, h'(z) = 2z·tanh(sp(z)) + z²·(1 − tanh²(sp(z)))·σ(z); and z."""
+    z = tl.load(z_ptr + rows, mask=row_ok, other=0.0)
+    th = tanh_softplus(z)
+    e = exp_nonpositive(-tl.abs(z))
+    sigmoid = tl.where(z >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return tl.load(g_ptr + rows, mask=row_ok, other=0.0) * (2.0 * z * th + z * z * (1.0 - th * th) * sigmoid) * t, z
+
+
+@triton.jit
 def clamp_lse_backward(y_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, lo, hi, M, N, BLOCK_R: tl.constexpr,
                        BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUMS: tl.constexpr):
     """One (BLOCK_R × BLOCK_C) tile of ∂L/∂y = g·h'(z)·t · exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi], with
@@ -81,13 +100,27 @@ def clamp_lse_backward(y_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, lo, hi
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok = rows < M
-    z = tl.load(z_ptr + rows, mask=row_ok, other=0.0)
-    th = tanh_softplus(z)
-    e = exp_nonpositive(-tl.abs(z))
-    sigmoid = tl.where(z >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
-    scale = tl.load(g_ptr + rows, mask=row_ok, other=0.0) * (2.0 * z * th + z * z * (1.0 - th * th) * sigmoid) * t
+    scale, z = output_scale(z_ptr, g_ptr, rows, row_ok, t)
     mask = row_ok[:, None] & (cols < N)[None, :]
     v = tl.load(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0) * t
     inside = (v >= lo) & (v <= hi)
     dy = tl.where(inside, exp_nonpositive(tl.minimum(tl.maximum(v, lo), hi) - z[:, None]) * scale[:, None], 0.0)
+    store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)
+
+
+@triton.jit
+def clamp_lse_backward_from_q(q_ptr, part_max_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, M, N, PARTS, TILE_N,
+                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                              SUMS: tl.constexpr):
+    """``clamp_lse_backward`` from what the bf16 forward saved instead of the logits: q = exp(c − m)
+    (0 where clamped) with m the max of the row over its forward tile of TILE_N columns
+    (``part_max``, PARTS per row), so exp(c − z)·[inside] = q·exp(m − z), m ≤ z."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_ok = rows < M
+    scale, z = output_scale(z_ptr, g_ptr, rows, row_ok, t)
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    q = tl.load(q_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(part_max_ptr + rows[:, None] * PARTS + cols[None, :] // TILE_N, mask=mask, other=0.0)
+    dy = q * exp_nonpositive(tl.minimum(m - z[:, None], 0.0)) * scale[:, None]
     store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

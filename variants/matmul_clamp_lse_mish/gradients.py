@@ -68,8 +68,9 @@ class SoftmaxParts:
 
 def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layouts: GradLayouts) -> GemmGrad:
     """``epilogue_backward`` from q and its tile maxima (``SoftmaxParts``) instead of the logits."""
-    rows, cols = BACKWARD_BLOCK
-    if fused_kernels_apply(q, dtypes=(torch.bfloat16, torch.float32)) and fused_kernels_apply(part_max, z, grad):
+    rows, cols = BACKWARD_BLOCK[0], min(BACKWARD_BLOCK[1], tile_n)  # columns within one forward tile
+    if (tile_n % cols == 0 and fused_kernels_apply(q, dtypes=(torch.bfloat16, torch.float32))
+            and fused_kernels_apply(part_max, z, grad)):
         buffers = GradBuffers(layouts, q.shape[0], q.shape[1], rows, q.device)
         grid = (-(-q.shape[0] // rows), -(-q.shape[1] // cols))
         problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward_from_q[grid](

@@ -32,10 +32,15 @@ class TritonClampLseMish(TritonVariant):
                    "inside; logits never stored")
     in_dim = "input_size"
 
+    # Under bf16 a gradient's forward saves the softmax factors in bfloat16, not the float32 logits
+    # (tests/device/softmax_parts.py times the step both ways).
+    saves_softmax_parts = True
+
     def forward(self, model, x):
         scalars = clamp_lse_scalars(model)
-        # Under bf16 a gradient's forward saves the softmax factors in bfloat16, not the logits.
-        parts = gradients.SoftmaxParts(self.params["block_n"]) if self.precision == "bf16" else None
+        parts = None
+        if self.saves_softmax_parts and self.precision == "bf16":
+            parts = gradients.SoftmaxParts(self.params["block_n"])
         op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, parts, save=save), self.precision, scalars,
                                 parts)
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)

@@ -9,8 +9,11 @@ The search space (``gemm_configs``) is the main loop's: tile sizes, k-slice, pip
 walking the tiles, or one per tile) and TMA (tensor descriptors; only where the rows are
 16-byte aligned). Configurations that cannot run are projected away: too much shared memory
 for the stages, or more accumulator registers per thread than a warp group can hold.
-Warp specialization is not a knob: Triton 3.6 offers it (``tl.range(warp_specialize=True)``)
-on Blackwell only. Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
+Warp specialization is not a knob. Triton 3.6 runs a Hopper pass for loops marked
+``tl.range(warp_specialize=True)``, but on an H100 it did not give a working GEMM: with 8 warps
+it left the kernel as it was, and with 4 it failed to compile (a descriptor store) or compiled
+a kernel that faulted (illegal address), persistent or not (tests/device/probe_warp_specialize.py,
+tests/device/NOTES.md, eleventh session). Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
 Nor is flattening a persistent program's tile and k loops into one pipelined loop
 (``tl.range(flatten=True)``, Triton's persistent-matmul tutorial). On an H100 it made
 matmul_clamp_lse_mish's forward 1.3-1.5% faster at tf32 and bf16; the kernels of

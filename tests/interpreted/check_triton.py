@@ -139,6 +139,27 @@ def backward_kernels() -> list[str]:
         for z, shift, tile_rows, name in ((y, -mean[None], m, "plain z"), (y16, shift16, 16, "tiled bfloat16 z")):
             coefficients = lambda: gbn.bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, 1e-5)  # noqa: E731
             compare(f"bn_coefficients {(m, n)} {name}", coefficients(), torch_formula(coefficients))
+    # 22 from softmax factors where a row has a NaN logit, and where a row is clamped whole but for
+    # a NaN: NaN exactly where the formula from the logits puts it (the entries inside the clamp),
+    # 0 elsewhere, as clamp's own backward gives; the kernel and its torch formula alike.
+    y = torch.randn(3, 40, generator=generator) * 3
+    y[1, 5], y[2], y[2, 7] = float("nan"), 10.0, float("nan")
+    c = (y * 2.0).clamp(-1.0, 1.5)
+    z = torch.logsumexp(c, dim=1, keepdim=True)
+    part_max = torch.stack([tile.amax(dim=1) for tile in c.split(16, dim=1)], dim=1).contiguous()
+    inside = ((y * 2.0) >= -1.0) & ((y * 2.0) <= 1.5)
+    q = torch.where(inside, torch.exp(c - part_max.repeat_interleave(16, dim=1)[:, :40]), 0.0)
+    g, rows_only = torch.randn(3, 1, generator=generator), GradLayouts(True, False, False)
+    want = g22.epilogue_backward(y, z, g, 2.0, -1.0, 1.5, rows_only).dy
+    for name, run in (("kernel", lambda: g22.epilogue_backward_from_q(q, part_max, z, g, 2.0, 16, rows_only)),
+                      ("torch", lambda: torch_formula(lambda: g22.epilogue_backward_from_q(q, part_max, z, g, 2.0, 16,
+                                                                                           rows_only)))):
+        got = run().dy
+        same = torch.equal(got.isnan(), want.isnan()) and torch.allclose(got.nan_to_num(), want.nan_to_num(), atol=1e-6)
+        print(f"clamp_lse from q, NaN rows, {name}: NaN where the logits' formula has them: {same}", flush=True)
+        if not same:
+            failures.append(f"clamp_lse from q, NaN rows ({name}): NaN at {got.isnan().nonzero().tolist()}, "
+                            f"want {want.isnan().nonzero().tolist()}")
     # Nearly one-hot rows longer than a block (2048), the top entry in the last block: the kernel
     # finds it across blocks and keeps float32 accuracy (the textbook formula is 100x off here).
     a = torch.randn(5, 4100, generator=generator, dtype=torch.float64) * 8.0

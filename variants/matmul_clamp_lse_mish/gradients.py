@@ -79,7 +79,8 @@ def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layout
         return buffers.result()
     acc = torch.promote_types(z.dtype, torch.float32)
     m = part_max.to(acc).repeat_interleave(tile_n, dim=1)[:, :q.shape[1]]
-    dy = q.to(acc) * torch.exp(m - z.to(acc)) * (grad.to(acc) * output_grad(z.to(acc)) * t)
+    q = q.to(acc)
+    dy = torch.where(q != 0, q * torch.exp(m - z.to(acc)) * (grad.to(acc) * output_grad(z.to(acc)) * t), 0.0)
     return GemmGrad.of(dy, layouts)
 
 

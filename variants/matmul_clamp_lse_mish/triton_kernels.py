@@ -126,4 +126,6 @@ def clamp_lse_backward_from_q(q_ptr, part_max_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr
     factor = exp_nonpositive(tl.minimum(m - z, 0.0)) * scale
     mask = row_ok[:, None] & (cols < N)[None, :]
     q = tl.load(q_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    store_gradient(q * factor[:, None], rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)
+    # q == 0 where clamped: a 0 there even in a row whose z or g is NaN, as clamp's own backward gives
+    store_gradient(tl.where(q != 0.0, q * factor[:, None], 0.0), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr,
+                   ROWS, COLS, SUMS)

@@ -119,6 +119,16 @@ def test_the_verdict_names_every_baseline_not_beaten_and_the_summary_shows_each_
     assert "| met (not compared with torch.compile max-autotune) |" in line  # a comparison not made is said
 
 
+def test_a_step_report_without_the_row_its_target_compares_with_says_so():
+    from autofuse.bench_report import BenchReport, _summary
+
+    report = BenchReport("gemm_bn", {"batch_size": 1024}, "tf32", "train", {}, [
+        _row("eager", "baseline", 1.2), _row("torch.compile max-autotune", "baseline", 0.99),
+        _row("autofuse dispatch", "dispatch", 0.8), _row(FLOOR, "floor", 0.7)], step=TRAINING)
+    [line] = [l for l in _summary([report]) if l.startswith("| gemm_bn")]
+    assert "| ≥ 1.1x torch.compile | " in line and "| not measured (no torch.compile timing) |" in line
+
+
 @pytest.mark.parametrize("problem,step,precision,mode,shape,expected", [
     ("matmul_gelu_softmax", FORWARD, "fp32", "any", (1024, 8192, 8192), "0.50"),
     ("matmul_clamp_lse_mish", FORWARD, "ieee", "any", (4, 16, 8), "1.03"),

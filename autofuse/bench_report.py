@@ -195,10 +195,11 @@ def _summary_table(reports: list[BenchReport], title: str) -> list[str]:
         dispatch = report.row(DISPATCH)
         target = target_for(report.problem, report.step, report.precision, report.mode, report.shape)
         measured = target.measure(report, dispatch) if target else None
-        verdict = _verdict(measured, target, _behind(report, dispatch), _missing(report))
         if target and measured is None:  # say which row the target needed, not a bare "-"
             untimed = [n for n in (DISPATCH, target.over) if report.row(n) is None or report.row(n).timing is None]
             verdict = f"not measured (no {' or '.join(untimed)} timing)"
+        else:
+            verdict = _verdict(measured, target, _behind(report, dispatch), _missing(report))
         lines.append(f"| {report.problem} | {shape_key(report.shape)} | {report.precision}, {report.mode} | "
                      f"{target.text() if target else '-'} | {over(dispatch)} ({dispatch.note if dispatch else '-'}) | "
                      f"{verdict} | {over(fastest)} ({fastest.candidate if fastest else '-'}) | "

@@ -62,8 +62,9 @@ def backward_kernels() -> list[str]:
     row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
     of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
     bfloat16; matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
-    ones against the formula from the logits, bfloat16 ones against the same formula); and gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row
-    tile's mean); then gemm_bn's per-column coefficients from either z."""
+    ones against the formula from the logits, bfloat16 ones against the same formula); and
+    gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
+    then gemm_bn's per-column coefficients from either z."""
     from autofuse import triton_variant
     from autofuse.autograd import GradLayouts
     from autofuse.variants.gemm_bn import gradients as gbn
@@ -105,8 +106,7 @@ def backward_kernels() -> list[str]:
         tile_means = torch.stack([tile.mean(0) for tile in y.split(16)])
         y16, shift16 = (y - tile_means[torch.arange(m) // 16]).bfloat16(), tile_means - mean
         # 22's bf16 forward saves q = exp(c − m)·[inside] with m the row's max over 16-column tiles
-        parts = g22.torch_forward("fp32", (2.0, -1.0, 1.5), g22.SoftmaxParts(16))
-        _, (_, _, _, q, part_max, z_clamped) = parts(y, torch.eye(n), torch.zeros(n), True)
+        q, part_max, z_clamped = g22.softmax_parts(y, 2.0, -1.0, 1.5, 16)
         runs = {
             "gelu_softmax": lambda lay: g99.epilogue_backward(y, out, grad, lay),
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
@@ -144,11 +144,7 @@ def backward_kernels() -> list[str]:
     # 0 elsewhere, as clamp's own backward gives; the kernel and its torch formula alike.
     y = torch.randn(3, 40, generator=generator) * 3
     y[1, 5], y[2], y[2, 7] = float("nan"), 10.0, float("nan")
-    c = (y * 2.0).clamp(-1.0, 1.5)
-    z = torch.logsumexp(c, dim=1, keepdim=True)
-    part_max = torch.stack([tile.amax(dim=1) for tile in c.split(16, dim=1)], dim=1).contiguous()
-    inside = ((y * 2.0) >= -1.0) & ((y * 2.0) <= 1.5)
-    q = torch.where(inside, torch.exp(c - part_max.repeat_interleave(16, dim=1)[:, :40]), 0.0)
+    q, part_max, z = g22.softmax_parts(y, 2.0, -1.0, 1.5, 16)
     g, rows_only = torch.randn(3, 1, generator=generator), GradLayouts(True, False, False)
     want = g22.epilogue_backward(y, z, g, 2.0, -1.0, 1.5, rows_only).dy
     for name, run in (("kernel", lambda: g22.epilogue_backward_from_q(q, part_max, z, g, 2.0, 16, rows_only)),

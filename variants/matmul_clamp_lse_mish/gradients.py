@@ -111,6 +111,16 @@ def fused_op(forward, precision: str, scalars: tuple[float, float, float],
                    precision)
 
 
+def softmax_parts(y, t: float, lo: float, hi: float, tile_n: int):
+    """(q, part_max, z) from the logits y, in y's dtype, as the bf16 Triton forward saves them
+    (``SoftmaxParts``; q rounded there): the torch statement of what the kernel stores, for tests."""
+    c = (y * t).clamp(lo, hi)
+    part_max = torch.stack([tile.amax(dim=1) for tile in c.split(tile_n, dim=1)], dim=1).contiguous()
+    inside = ((y * t) >= lo) & ((y * t) <= hi)
+    q = torch.where(inside, torch.exp(c - part_max.repeat_interleave(tile_n, dim=1)[:, :y.shape[1]]), 0.0)
+    return q, part_max, torch.logsumexp(c, dim=1, keepdim=True)
+
+
 def torch_forward(precision, scalars, parts: SoftmaxParts | None = None):
     """The fused forward written in torch (saving y, or with ``parts`` q and the tile maxima as the
     bf16 Triton forward does), for tests of the backward on any device."""
@@ -118,13 +128,9 @@ def torch_forward(precision, scalars, parts: SoftmaxParts | None = None):
 
     def forward(x, weight, bias, save):
         y = linear(x, weight, bias, precision)
-        c = (y * t).clamp(lo, hi)
-        z = torch.logsumexp(c, dim=1, keepdim=True)
         if parts is None:
+            z = torch.logsumexp((y * t).clamp(lo, hi), dim=1, keepdim=True)
             return z * F.mish(z), (x, weight, bias, y, None, z)
-        part_max = torch.stack([tile.amax(dim=1) for tile in c.split(parts.tile_n, dim=1)], dim=1)
-        inside = ((y * t) >= lo) & ((y * t) <= hi)
-        m = part_max.repeat_interleave(parts.tile_n, dim=1)[:, :y.shape[1]]
-        q = torch.where(inside, torch.exp(c - m), 0.0).to(torch.bfloat16 if precision == "bf16" else y.dtype)
-        return z * F.mish(z), (x, weight, bias, q, part_max.contiguous(), z)
+        q, part_max, z = softmax_parts(y, t, lo, hi, parts.tile_n)
+        return z * F.mish(z), (x, weight, bias, q.to(torch.bfloat16 if precision == "bf16" else y.dtype), part_max, z)
     return forward

@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from autofuse import timing
+from autofuse.triton_gemm import tile_coords
 
 STORES = {"none": 0, "pointers f32": 1, "pointers bf16": 2, "tma bf16": 3, "tma bf16 halves": 4, "tma f32 quarters": 5}
 
@@ -32,11 +33,7 @@ def gemm(x_desc, w_desc, c_ptr, c_desc, sums_ptr, M, N, K, BLOCK_M: tl.constexpr
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        per_group = GROUP_M * num_n
-        first_m = (tile // per_group) * GROUP_M
-        rows_in = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % rows_in
-        pid_n = (tile % per_group) // rows_in
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(tl.cdiv(K, BLOCK_K)):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])

@@ -25,14 +25,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from autofuse import timing
-
-
-@triton.jit
-def _coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+from autofuse.triton_gemm import tile_coords
 
 
 @triton.jit
@@ -50,7 +43,7 @@ def gemm_persistent(x_desc, w_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, warp_specialize=WS):
-        pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
@@ -62,7 +55,7 @@ def gemm_persistent(x_desc, w_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK
 @triton.jit
 def gemm_tiles(x_desc, w_desc, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, WS: tl.constexpr):
-    pid_m, pid_n = _coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(tl.cdiv(K, BLOCK_K), warp_specialize=WS):
         a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])

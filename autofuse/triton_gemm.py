@@ -21,9 +21,14 @@ persistent, each program walking tiles ``num_programs`` apart.
   part the tensor cores see stands for an exact TF32 number. "tf32" multiplies x and W rounded
   to TF32 to nearest on the host (W once, x by a pass per call: the tensor cores would truncate
   them, a bias the tf32 gate rejected).
+  "tf32_round" is "tf32" with x rounded inside the kernel, after its tile's load (``round_tf32``:
+  integer arithmetic on the bits), so no pass over x. Its products are bit for bit the pass's; it
+  costs the main loop 3.5-5.7% where the pass costs 7.8-13% (H100, 1024×8192² and 16384×4096²,
+  tests/device/probe_round_in_kernel.py). Pointer loads only: after a TMA load, Triton 3.6 gave
+  sums that changed from run to run at some tiles (``triton_variant.OPERANDS``).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
-  float32; "ieee" is float32 FMA. No mode changes an operand in registers between its load and
-  the dot: on an H100 with Triton 3.6, rounding or splitting x in registers before a TF32 dot, or
+  float32; "ieee" is float32 FMA. No other mode changes an operand in registers between its load
+  and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or
   converting a float32 x tile of 64 columns to bfloat16 there, gave wrong sums (errors of 1e-5 to
   5e-2 and NaN where the interpreter and the host-side splits are exact; tests/device/NOTES.md).
 - Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bfloat16 blocks wrongly
@@ -70,9 +75,19 @@ def tensor_core_tf32(v):
 
 
 @triton.jit
+def round_tf32(v):
+    """``v`` (float32) rounded to TF32 to nearest, ties away from zero (as cvt.rna.tf32.f32), in
+    bits: inf stays inf, a quiet NaN a NaN. ``tf32_parts`` does it in a pass, "tf32_round" to x's
+    tile in the main loop."""
+    return ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 only."""
-    if INTERPRET and (MODE == "3xtf32" or MODE == "tf32"):
+    if MODE == "tf32_round":
+        a = round_tf32(a)
+    if INTERPRET and (MODE == "3xtf32" or MODE == "tf32" or MODE == "tf32_round"):
         a = tensor_core_tf32(a)
         b = tensor_core_tf32(b)
         if MODE == "3xtf32":
@@ -84,7 +99,7 @@ def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constex
         if INTERPRET:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         return tl.dot(a, b, acc)
-    elif MODE == "tf32":
+    elif MODE == "tf32" or MODE == "tf32_round":
         return tl.dot(a, b, acc, input_precision="tf32")
     else:
         return tl.dot(a, b, acc, input_precision="ieee")
@@ -154,7 +169,7 @@ def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.conste
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offsets < n
     v = tl.load(src_ptr + offsets, mask=ok, other=0.0)
-    hi = ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    hi = round_tf32(v)
     tl.store(hi_ptr + offsets, hi, mask=ok)
     if SPLIT:
         lo = ((v - hi).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000

@@ -54,11 +54,16 @@ GROUPS = (8, 16)
 # 22's tf32 tune (0.330 ms, cuBLAS + epilogue 0.360), but truncation is biased, and 22's gradient
 # missed the tf32 gate by 20x on plain randn inputs at batch 37 (0.089 > 0.0046; H100). Under
 # 3xTF32 it may be (split_trunc): the low part x − trunc(x) undoes the truncation, and x's pass
-# writes one tensor instead of two.
+# writes one tensor instead of two. round_kernel rounds x's tiles in the main loop instead of by a
+# pass: the same products, the pass's 7.8-13% of the GEMM traded for 3.5-5.7% in the loop (H100,
+# tests/device/probe_round_in_kernel.py); the tuner weighs the two per key. By pointer loads
+# only: with x's tile loaded through a tensor descriptor, Triton 3.6 gave sums that changed from
+# run to run, 1e-5 to 5e-4 off, at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py).
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
+    "round_kernel": ("tf32", "tf32_round", 4, 4),  # W rounded once, x's tiles in the main loop: no pass
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
 }
 # Under bf16, x converted inside the kernel (float32 x loaded, rounded in registers: commit
@@ -98,6 +103,8 @@ def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
             (True, False), (True, False), OPERANDS):
         if tma and not tma_ok:
             continue
+        if tma and operands == "round_kernel":
+            continue  # x's tile rounded after a TMA load: wrong sums, run to run (see OPERANDS)
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
                   "group_m": group, "persistent": persistent, "tma": tma, "operands": operands}
         accumulators = 2 if OPERANDS[operands][1] == "3xtf32" else 1  # split_dot: a k-slice's sum beside the total
@@ -153,7 +160,7 @@ def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch
     """(W's operand, W's low part) for ``operands``; the low part is the operand again unless split."""
     if operands in ("split_host", "split_trunc"):
         return split_tf32(w)
-    if operands == "round_host":
+    if operands in ("round_host", "round_kernel"):
         hi = round_tf32(w)
         return hi, hi
     if operands == "cast_pass":

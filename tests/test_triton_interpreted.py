@@ -50,6 +50,10 @@ def test_x_tf32_parts_and_the_interpreters_tensor_core_truncation():
     _run("tf32_operands")
 
 
+def test_x_rounded_in_the_main_loop_matches_the_rounding_pass_interpreted():
+    _run("tf32_round_in_the_kernel")
+
+
 def test_the_backwards_transpose_kernel_interpreted():
     _run("transpose")
 

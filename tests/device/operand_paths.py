@@ -1,14 +1,15 @@
-"""Where should bf16 x be converted? The triton variants' forward with each operand path, side by side.
+"""Where should x be converted (bf16) or rounded (tf32)? The triton variants' forward with each operand path.
 
-    python3 tests/device/operand_paths.py [--precision bf16] [--rounds 20]
+    python3 tests/device/operand_paths.py [--precision bf16|tf32] [--rounds 20]
 
 For each triton key at its default shapes (22, 99, gemm_bn eval and train), the configuration the
 shipped table recorded for triton (else the default) is run with each operand path of the
 precision, with and without TMA, timed interleaved (``autofuse.timing``, L2 flushed), under
-no_grad: the forward a tune times. cuBLAS's GEMM alone on pre-cast operands is the floor.
-Prints one JSON line per key. It measured bf16's ``convert`` path (float32 x rounded in the
-kernel) against ``cast_pass`` at commit ea4a20f, which then left the space
-(``triton_variant.OPERANDS``; logs 2026-11-23j-5-*).
+no_grad: the forward a tune times. cuBLAS's GEMM alone at the precision (bf16: on pre-cast
+operands) is the floor. Prints one JSON line per key. It measured bf16's ``convert`` path
+(float32 x rounded in the kernel) against ``cast_pass`` at commit ea4a20f, which then left the
+space (``triton_variant.OPERANDS``; logs 2026-11-23j-5-*), and tf32's ``round_kernel`` against
+``round_host`` (twelfth session).
 """
 
 import argparse
@@ -49,9 +50,12 @@ def main():
                         continue
                     variant = cls(args.precision, **params)
                     fns[f"{operands} tma={tma}"] = lambda v=variant: v(model, x)
-            w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear))
-            xb, wb = x.bfloat16(), w.detach().bfloat16()
-            fns["floor"] = lambda: torch.mm(xb, wb.t())
+            w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)).detach()
+            if args.precision == "bf16":
+                xb, wb = x.bfloat16(), w.bfloat16()
+                fns["floor"] = lambda: torch.mm(xb, wb.t())
+            else:
+                fns["floor"] = lambda: torch.mm(x, w.t())  # under math_mode: TF32 for tf32
             with torch.no_grad(), math_mode(args.precision):
                 times = timing.time_interleaved(fns, "cuda", rounds=args.rounds)
             print(json.dumps({"key": f"{problem} {mode} {shape}", "base": base,

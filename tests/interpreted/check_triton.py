@@ -27,7 +27,8 @@ CONFIGS = {  # the two schedules and both operand paths
                  "persistent": False, "tma": True},
 }
 # How the operands reach the dot, per precision and configuration (every kind is run by one of the two).
-OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_host", "round_host"), "bf16": ("cast_pass", "cast_pass")}
+OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_kernel", "round_host"),
+            "bf16": ("cast_pass", "cast_pass")}
 
 
 def gate(problem: str, config: str, precisions: str) -> list[str]:
@@ -290,6 +291,41 @@ def tf32_operands() -> list[str]:
         want = (a.view(torch.int32) & -0x2000).view(torch.float32) * (1 if mode == "tf32" else 3)  # 3 products
         if not torch.equal(out, want):
             failures.append(f"an interpreted {mode} dot does not truncate its operands to TF32")
+    # tf32_round rounds x's tile to nearest before the dot: 3/4 of a TF32 unit in the low bits
+    # rounds up (away from zero for the negative half), where truncation would drop it.
+    a = (1.0 + torch.arange(256, dtype=torch.float32).reshape(16, 16) * 2.0 ** -8 + 3 * 2.0 ** -12)
+    a[8:] = -a[8:]
+    _tf32_dot_kernel[(1,)](a, torch.eye(16), out, MODE="tf32_round")
+    if not torch.equal(out, tv.round_tf32(a)):
+        failures.append("an interpreted tf32_round dot does not multiply x rounded to TF32 to nearest")
+    return failures
+
+
+def tf32_round_in_the_kernel() -> list[str]:
+    """Every triton variant with x rounded in its main loop (round_kernel) gives bit for bit what
+    it gives with x rounded by the pass (round_host): the same products in the same order. Both
+    schedules (by pointer loads, as the space offers round_kernel), partial tiles and a K tail
+    (K = 40 against BLOCK_K = 16); with gradients, so the backward sees the same saved tensors."""
+    from autofuse.verify import build_case
+
+    failures = []
+    for problem in ("matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"):
+        prob = registry.get_problem(problem)
+        cls = registry.get_variant(problem, "triton")
+        shape = dict(zip(prob.dims, (37, 40, 33)))
+        for config in CONFIGS:
+            model, x = build_case(prob, CheckCase(shape, "randn", 5, True), "cpu", torch.float32, "train")
+            results = []
+            for operands in ("round_host", "round_kernel"):
+                xv = x.clone().requires_grad_()
+                out = cls("tf32", **{**CONFIGS[config], "tma": False}, operands=operands)(model, xv)
+                upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+                grads = torch.autograd.grad(out, [xv, *model.parameters()], upstream, allow_unused=True)
+                results.append([out, *grads])
+            same = all(torch.equal(a, b) if a is not None else b is None for a, b in zip(*results))
+            print(problem, config, "by pointers: round_kernel == round_host bit for bit:", same, flush=True)
+            if not same:
+                failures.append(f"{problem} {config}: round_kernel differs from round_host")
     return failures
 
 
@@ -384,7 +420,8 @@ if __name__ == "__main__":
     problems = {"gate": gate, "backward_kernels": backward_kernels,
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
-                "tf32_operands": tf32_operands, "transpose": transpose,
+                "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
+                "transpose": transpose,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)
     for line in found:

@@ -24,9 +24,8 @@ persistent, each program walking tiles ``num_programs`` apart.
   "tf32_round" is "tf32" with x rounded inside the kernel, after its tile's load (``round_tf32``:
   integer arithmetic on the bits), so no pass over x. Its products are bit for bit the pass's; it
   costs the main loop 3.5-5.7% where the pass costs 7.8-13% (H100, 1024×8192² and 16384×4096²,
-  tests/device/probe_round_in_kernel.py). x's tile comes by pointer loads, with TMA for W alone:
-  rounded after a TMA load of its own, Triton 3.6 gave sums that changed from run to run at some
-  tiles (``triton_variant.OPERANDS``).
+  tests/device/probe_round_in_kernel.py). Pointer loads only: after a TMA load, Triton 3.6 gave
+  sums that changed from run to run at some tiles (``triton_variant.OPERANDS``).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No other mode changes an operand in registers between its load
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or
@@ -124,24 +123,14 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
     With TMA the descriptors (block shapes [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]) are read
     and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 only.
-    Under "tf32_round" x comes by pointers even with TMA (W through its descriptor): its tile is
-    rounded in registers, and after a TMA load Triton 3.6 got that wrong (see the module's doc).
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
     if TMA:
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if MODE == "tf32_round":
-            rk = tl.arange(0, BLOCK_K)
-            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            a_offsets = tl.where(rm < M, rm, 0)[:, None].to(tl.int64) * K + rk[None, :]
         for kt in range(0, k_tiles):
-            if MODE == "tf32_round":
-                a = load_k_slice(x_ptr, a_offsets, rk[None, :] < K - kt * BLOCK_K, EVEN_K)
-                a_offsets += BLOCK_K
-            else:
-                a = x_desc.load([off_m, kt * BLOCK_K])
+            a = x_desc.load([off_m, kt * BLOCK_K])
             b = w_desc.load([off_n, kt * BLOCK_K]).T
             a_lo = a
             b_lo = b

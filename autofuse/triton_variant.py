@@ -56,10 +56,9 @@ GROUPS = (8, 16)
 # 3xTF32 it may be (split_trunc): the low part x − trunc(x) undoes the truncation, and x's pass
 # writes one tensor instead of two. round_kernel rounds x's tiles in the main loop instead of by a
 # pass: the same products, the pass's 7.8-13% of the GEMM traded for 3.5-5.7% in the loop (H100,
-# tests/device/probe_round_in_kernel.py); the tuner weighs the two per key. x's tile comes by
-# pointer loads even where tma is set (W alone through its descriptor): loaded through a tensor
-# descriptor and then rounded, Triton 3.6 gave sums that changed from run to run, 1e-5 to 1e-1 off,
-# at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py, logs 2026-11-24b-3 and -4).
+# tests/device/probe_round_in_kernel.py); the tuner weighs the two per key. By pointer loads
+# only: with x's tile loaded through a tensor descriptor, Triton 3.6 gave sums that changed from
+# run to run, 1e-5 to 5e-4 off, at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py).
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
@@ -74,13 +73,12 @@ OPERANDS = {
 # tests/device/operand_paths.py). Reading float32 x once per column tile costs more than one
 # pass that writes it in bfloat16.
 # The first configuration of each precision (the tuner tries it first): the fastest of the probes
-# at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe"; tf32's operands from
-# operand_paths.py, twelfth session).
+# at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe").
 DEFAULTS = {
     "fp32": {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "split_trunc"},
     "tf32": {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
-             "persistent": True, "tma": True, "operands": "round_kernel"},
+             "persistent": True, "tma": True, "operands": "round_host"},
     "bf16": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "cast_pass"},
 }
@@ -105,6 +103,8 @@ def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
             (True, False), (True, False), OPERANDS):
         if tma and not tma_ok:
             continue
+        if tma and operands == "round_kernel":
+            continue  # x's tile rounded after a TMA load: wrong sums, run to run (see OPERANDS)
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
                   "group_m": group, "persistent": persistent, "tma": tma, "operands": operands}
         accumulators = 2 if OPERANDS[operands][1] == "3xtf32" else 1  # split_dot: a k-slice's sum beside the total
@@ -330,12 +330,9 @@ class TritonVariant(Variant):
                 w_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_n"], bk])
                                 for t in (w, w_lo))
                 cached = self._w_descs = (weights, w_descs)
-            if constants["MODE"] == "tf32_round":  # x by pointers, W alone by TMA (triton_gemm.tile_accumulator)
-                x_ptr, x_descs = x, (None, None)
-            else:
-                x_ptr, x_descs = None, tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_m"], bk])
-                                             for t in (x, x_lo))
-            operands = {"x_ptr": x_ptr, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": x_descs[0],
+            x_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_m"], bk])
+                            for t in (x, x_lo))
+            operands = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": x_descs[0],
                         "x_lo_desc": x_descs[1], "w_desc": cached[1][0], "w_lo_desc": cached[1][1]}
         else:
             operands = {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": None, "x_lo_desc": None,

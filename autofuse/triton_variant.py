@@ -58,7 +58,10 @@ GROUPS = (8, 16)
 # pass: the same products, the pass's 7.8-13% of the GEMM traded for 3.5-5.7% in the loop (H100,
 # tests/device/probe_round_in_kernel.py); the tuner weighs the two per key. By pointer loads
 # only: with x's tile loaded through a tensor descriptor, Triton 3.6 gave sums that changed from
-# run to run, 1e-5 to 5e-4 off, at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py).
+# run to run, 1e-5 to 1e-1 off, at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py).
+# W alone through its descriptor beside x by pointers was 3% faster at 22 but broke the kernels
+# that also store a tile (22's logits for its backward, gemm_bn's z: 0.2-0.8 off;
+# tests/device/round_kernel_grad_gate.py), so W comes by pointers too.
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached

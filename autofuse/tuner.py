@@ -35,6 +35,10 @@ from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fing
 from autofuse.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
+# Configurations of one variant the autograd entry gates with gradients, fastest forward first,
+# before it gives that variant up: a forward's best tiles can compile into a kernel whose stored
+# tensors are wrong where its result is right (Triton 3.6, tests/device/NOTES.md, twelfth session).
+GRAD_TRIES = 3
 
 
 @dataclasses.dataclass
@@ -165,6 +169,7 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
         timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
     results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
     rows = _rows(results, registry.variants(prob.name), spaces)
+    by_speed = _ok_by_speed(results, spaces)
     n_done = len(studies.finished(study))
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
     if n_done == before and recorded is not None and recorded[0].get("study") == name and recorded[0].get("trials") == n_done:
@@ -172,7 +177,8 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
         # of a tuned shape costs no device time).
         winner, grad_winner = recorded
     else:
-        winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name)
+        winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
+                                      by_speed)
         _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
 
@@ -238,17 +244,38 @@ def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
     return rows
 
 
-def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name):
+def _ok_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
+    """Each variant's configurations that passed the forward gate, fastest first."""
+    ranked = {}
+    for name in spaces:
+        ok = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
+                    if v == name and r.outcome is Outcome.OK)
+        configs = {studies.config_label(c): c for c in spaces[name]}
+        ranked[name] = [configs[label] for _, label in ok if label in configs]
+    return ranked
+
+
+def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None):
     """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
-    ones, each gated with gradients and timed as a training step (``autofuse.step``)."""
+    ones, each gated with gradients and timed as a training step (``autofuse.step``). A variant
+    whose fastest forward configuration fails with gradients is gated at its next fastest ones
+    (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up."""
     variants = registry.variants(prob.name)
     winner = choose(job, rows, worker, trial_timeout, autograd=False)
     grad_winner, grad_rows = None, []
     if autograd_entry:
         for row in rows:
             if row.ok and variants[row.variant].supports_autograd:
-                checked = worker.call("evaluate", (job, Candidate(row.variant, row.params, autograd=True)), trial_timeout)
-                grad_rows.append(dataclasses.replace(row, result=checked))
+                tries = [row.params] + [c for c in (by_speed or {}).get(row.variant, []) if c != row.params]
+                first = None  # the fastest configuration's failure, reported if none passes
+                for params in tries[:GRAD_TRIES]:
+                    checked = worker.call("evaluate", (job, Candidate(row.variant, params, autograd=True)), trial_timeout)
+                    if checked.outcome is Outcome.OK:
+                        grad_rows.append(dataclasses.replace(row, params=params, result=checked))
+                        break
+                    first = first or dataclasses.replace(row, result=checked)
+                else:
+                    grad_rows.append(first)
         grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
     stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "seed": job.seed, "study": study_name}

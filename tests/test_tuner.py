@@ -46,6 +46,18 @@ def test_each_broken_candidate_is_a_recorded_outcome_and_the_tune_goes_on(broken
     assert DispatchTable(tmp_path / "t.json").load()["devices"]
 
 
+def test_a_variant_whose_fastest_configuration_fails_with_gradients_is_gated_at_the_next(broken_plugins, tmp_path):
+    """The autograd entry gates each variant's fastest forward configuration with gradients and,
+    where that fails, the next fastest: a forward's best tiles can store wrong tensors for the
+    backward while its result is right (Triton 3.6 on an H100)."""
+    [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", table=tmp_path / "t.json", seed=4,
+                             variants=["eager", "wrong_gradient_when_fastest"], trial_timeout=30, progress=False)
+    forward = {row.variant: row for row in result.rows}["wrong_gradient_when_fastest"]
+    assert forward.ok and forward.params == {"fast": True}  # the forward's best: its result is right
+    graded = result.grad_winner["candidates"]["wrong_gradient_when_fastest"]
+    assert graded["outcome"] == "ok" and graded["params"] == {"fast": False}
+
+
 def test_tune_writes_an_entry_that_get_module_uses(tmp_path):
     [result] = autofuse.tune("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=tmp_path / "t.json",
                              seed=1, progress=False)

@@ -59,6 +59,35 @@ class WrongAnswer(_Broken):
         return F.softmax(F.gelu(model.linear(x), approximate="tanh"), dim=1)
 
 
+class _DoubleGradient(torch.autograd.Function):
+    """Its input unchanged; the gradient passed back twice what it should be."""
+
+    @staticmethod
+    def forward(ctx, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+class WrongGradientWhenFastest(_Broken):
+    name = "wrong_gradient_when_fastest"
+    description = "right forward at both configurations; at the faster one, gradients twice too large"
+    supports_autograd = True
+
+    @classmethod
+    def configs(cls, shape, device):
+        return [{"fast": True}, {"fast": False}]
+
+    def forward(self, model, x):
+        out = F.softmax(F.gelu(model.linear(x)), dim=1)
+        if not self.params["fast"]:
+            time.sleep(0.05)  # slower, so the fast configuration is the forward's best
+            return out
+        return _DoubleGradient.apply(out)
+
+
 class CompileError(_Broken):
     name = "compile_error"
     description = "fails to build"
@@ -67,7 +96,7 @@ class CompileError(_Broken):
         raise autofuse.errors.BuildError("nvcc: error: expected ';' (simulated)")
 
 
-BROKEN = [Segfault, Abort, Hang, Raises, WrongAnswer, CompileError]
+BROKEN = [Segfault, Abort, Hang, Raises, WrongAnswer, CompileError, WrongGradientWhenFastest]
 
 
 @autofuse.hookimpl

@@ -179,6 +179,8 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     else:
         winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
                                       by_speed)
+        for note in _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner):
+            print(f"autofuse: {note}")
         _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
 
@@ -302,6 +304,28 @@ def _compile_s(row: Row) -> dict:
     """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
     seconds = row.result.compile_s if row.result else None
     return {} if seconds is None else {"compile_s": round(seconds, 3)}
+
+
+def _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner) -> list[str]:
+    """What to say where this tune replaces an entry whose winner it did not run and that had
+    measured faster: the new entry stands (this tune's side-by-side choice), but a retune with a
+    narrower ``--variants`` should not slow a key down unannounced (it did: gemm_bn's 16384 bf16
+    training forward, compiled 1.011 ms, replaced by triton's 1.102; tests/device/NOTES.md)."""
+    try:
+        recorded = _recorded_entries(table, fingerprint, prob, shape, key)
+    except TableError:
+        return []
+    notes = []
+    for previous, new, what in zip(recorded, (winner, grad_winner), ("entry", "autograd entry")):
+        if not previous or not new or previous.get("variant") in new.get("candidates", {}):
+            continue
+        was, now = previous.get("median_ms"), new.get("median_ms")
+        if isinstance(was, (int, float)) and isinstance(now, (int, float)) and was < now:
+            notes.append(f"{prob.name} {shape_key(shape)} {what}: {previous['variant']} ({was:.4g} ms, tuned "
+                         f"{str(previous.get('date', '?'))[:10]}) was not among the variants tuned now and is "
+                         f"replaced by {new['variant']} ({now:.4g} ms); tune with --variants including "
+                         f"{previous['variant']} to compare them side by side")
+    return notes
 
 
 def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:

@@ -58,6 +58,24 @@ def test_a_variant_whose_fastest_configuration_fails_with_gradients_is_gated_at_
     assert graded["outcome"] == "ok" and graded["params"] == {"fast": False}
 
 
+def test_a_retune_that_drops_a_faster_recorded_winner_says_so(tmp_path, capsys):
+    """A retune over fewer variants replaces the entry (its own side-by-side choice) but names the
+    recorded winner it did not run when that one had measured faster."""
+    table = tmp_path / "t.json"
+    kwargs = dict(device="cpu", table=table, autograd_entry=False, progress=False)
+    autofuse.tune("matmul_gelu_softmax", SMALL, seed=1, variants=["eager"], **kwargs)
+    doc = json.loads(table.read_text())
+    [entries] = [shapes for device in doc["devices"].values() for shapes in device["problems"]["matmul_gelu_softmax"].values()]
+    [entry] = entries.values()
+    entry.update(variant="simplified", median_ms=1e-6, study="an earlier study")  # a faster winner of another tune
+    table.write_text(json.dumps(doc))
+    capsys.readouterr()
+    [result] = autofuse.tune("matmul_gelu_softmax", SMALL, seed=2, variants=["eager"], **kwargs)
+    out = capsys.readouterr().out
+    assert "simplified (1e-06 ms" in out and "replaced by eager" in out
+    assert result.winner["variant"] == "eager"
+
+
 def test_tune_writes_an_entry_that_get_module_uses(tmp_path):
     [result] = autofuse.tune("gemm_avgpool_gelu_residual", SMALL, device="cpu", table=tmp_path / "t.json",
                              seed=1, progress=False)

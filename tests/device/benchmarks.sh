@@ -25,7 +25,9 @@
 #
 # GEMM-bound problems are tuned over eager, simplified, cublas_epilogue and triton
 # (GEMM_VARIANTS; a variant a precision does not admit, such as triton's 3xTF32 under ieee, is
-# passed over) and the bench leaves out cuda_naive and cuda_tiled (BENCH_SKIP): they ran 7.5-450x the floor at these
+# passed over; keys whose entry `compiled` holds must be retuned with compiled added, or the tune
+# replaces it with its own slower winner, and says so) and the bench leaves out cuda_naive and
+# cuda_tiled (BENCH_SKIP): they ran 7.5-450x the floor at these
 # shapes (20-600 ms a call, BENCHMARKS.md of 2026-11-22). ieee is tuned with TRIALS_IEEE trials:
 # its variants are the float32-FMA ones that fp32 also tunes.
 #
@@ -62,7 +64,7 @@ tune() {
     [ "$1" = 51 ] && variants=(${VARIANTS_51:+--variants "$VARIANTS_51"})
     [ "$2" = ieee ] && trials=$TRIALS_IEEE
     autofuse tune $(args_of "$1") "${at[@]}" --precision "$2" "${variants[@]}" --trials "$trials" --table "$table" \
-        --no-progress 2>&1 | tee -a "$work/tune.log" | grep -E "^(winner|autograd winner|no variant|.* on cuda)"
+        --no-progress 2>&1 | tee -a "$work/tune.log" | grep -E "^(winner|autograd winner|no variant|.* on cuda|autofuse: .* replaced by)"
 }
 bench_step() {  # $1: forward or backward
     local skip=$BENCH_SKIP; [ "$2" = 51 ] && skip=$BENCH_SKIP_51

@@ -10,6 +10,10 @@ statistics' read leaves HBM. This times, interleaved (L2 flushed before each cal
 alone; the GEMM then torch.var_mean over z (one HBM read); and the chunked version at several
 chunk heights (per-chunk var_mean, merged on the host side of the arithmetic, not timed
 separately). torch's reduction stands in for the variant's own statistics kernel.
+
+Found (H100, log 2026-11-24b-6): chunked lost at every height (16384×4096² tf32: GEMM + one pass
+1.50 ms, chunks of 2048 rows 1.76), but torch's column reduction over a short chunk is slow in
+itself, so this does not isolate L2 residency; the variant's own kernel per chunk would.
 """
 
 import argparse

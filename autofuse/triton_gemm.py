@@ -77,8 +77,8 @@ def tensor_core_tf32(v):
 @triton.jit
 def round_tf32(v):
     """``v`` (float32) rounded to TF32 to nearest, ties away from zero (as cvt.rna.tf32.f32), in
-    bits: inf stays inf, a quiet NaN a NaN. ``tf32_parts`` does it in a pass, "tf32_round" to x's
-    tile in the main loop."""
+    bits: inf stays inf, a quiet NaN a NaN. The passes (``tf32_parts``, ``tf32_low_part``) round
+    x's parts with it, "tf32_round" x's tile in the main loop."""
     return ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
@@ -172,8 +172,7 @@ def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.conste
     hi = round_tf32(v)
     tl.store(hi_ptr + offsets, hi, mask=ok)
     if SPLIT:
-        lo = ((v - hi).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
-        tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
+        tl.store(lo_ptr + offsets, round_tf32(v - hi), mask=ok)
 
 
 @triton.jit
@@ -185,8 +184,7 @@ def tf32_low_part(src_ptr, lo_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offsets < n
     v = tl.load(src_ptr + offsets, mask=ok, other=0.0)
-    lo = ((v - tensor_core_tf32(v)).to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000
-    tl.store(lo_ptr + offsets, lo.to(tl.float32, bitcast=True), mask=ok)
+    tl.store(lo_ptr + offsets, round_tf32(v - tensor_core_tf32(v)), mask=ok)
 
 
 @triton.jit

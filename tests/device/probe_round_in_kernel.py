@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from autofuse import timing
-from autofuse.triton_gemm import tile_coords
+from autofuse.triton_gemm import round_tf32 as round_bits, tile_coords  # the variants' own, in bits
 from autofuse.triton_variant import input_operands, round_tf32
 
 
@@ -36,11 +36,6 @@ from autofuse.triton_variant import input_operands, round_tf32
 def round_rna(v):
     return tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True,
                                      pack=1)
-
-
-@triton.jit
-def round_bits(v):
-    return ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -55,15 +55,21 @@ def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def split_dot(a, a_lo, b, b_lo, acc):
-    """acc + (lo·hi + hi·lo + hi·hi) for one k-slice: 3xtf32. The slice's three products go into a
-    fresh accumulator and that is added to the running sum by ordinary float32 additions. Chained
-    through the tensor cores' own accumulator, the sum lost ~2⁻²³ of its magnitude at every step:
-    1e-5 to 5e-5 relative error at K = 1000 to 8192 on an H100 (a separate accumulator for the
-    small terms alone left 1.9e-5), where 3xTF32 should give ~1e-7."""
-    part = tl.dot(a_lo, b, tl.zeros_like(acc), input_precision="tf32")
-    part = tl.dot(a, b_lo, part, input_precision="tf32")
-    part = tl.dot(a, b, part, input_precision="tf32")
+def split_dot(a, a_lo, b, b_lo, acc, TF32: tl.constexpr = True):
+    """acc + (lo·hi + hi·lo + hi·hi) for one k-slice: 3xtf32 (TF32), or 3xfp16 on float16 parts.
+    The slice's three products go into a fresh accumulator and that is added to the running sum by
+    ordinary float32 additions. Chained through the tensor cores' own accumulator, the sum lost
+    ~2⁻²³ of its magnitude at every step: 1e-5 to 5e-5 relative error at K = 1000 to 8192 on an
+    H100 (a separate accumulator for the small terms alone left 1.9e-5), where 3xTF32 should give
+    ~1e-7."""
+    if TF32:
+        part = tl.dot(a_lo, b, tl.zeros_like(acc), input_precision="tf32")
+        part = tl.dot(a, b_lo, part, input_precision="tf32")
+        part = tl.dot(a, b, part, input_precision="tf32")
+    else:
+        part = tl.dot(a_lo, b, tl.zeros_like(acc))
+        part = tl.dot(a, b_lo, part)
+        part = tl.dot(a, b, part)
     return acc + part
 
 
@@ -84,7 +90,17 @@ def round_tf32(v):
 
 @triton.jit
 def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 only."""
+    """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 and 3xfp16 only."""
+    if MODE == "fp16" or MODE == "3xfp16":
+        if INTERPRET:  # numpy would sum float16 blocks in float16; their products are exact in float32
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+            if MODE == "3xfp16":
+                return split_dot(a, a_lo.to(tl.float32), b, b_lo.to(tl.float32), acc)
+            return tl.dot(a, b, acc, input_precision="ieee")
+        if MODE == "3xfp16":
+            return split_dot(a, a_lo, b, b_lo, acc, TF32=False)
+        return tl.dot(a, b, acc)
     if MODE == "tf32_round":
         a = round_tf32(a)
     if INTERPRET and (MODE == "3xtf32" or MODE == "tf32" or MODE == "tf32_round"):
@@ -114,7 +130,8 @@ def load_k_slice(ptr, offsets, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K, pid_m, pid_n,
+def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr, w_scale_ptr,
+                     M, N, K, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                      INTERPRET: tl.constexpr):
@@ -122,7 +139,9 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
 
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
     With TMA the descriptors (block shapes [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]) are read
-    and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 only.
+    and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 and
+    3xfp16 only; under fp16 and 3xfp16 the sum is of scaled operands (``fp16_row_parts``), and the
+    rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -134,7 +153,7 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
             b = w_desc.load([off_n, kt * BLOCK_K]).T
             a_lo = a
             b_lo = b
-            if MODE == "3xtf32":
+            if MODE == "3xtf32" or MODE == "3xfp16":
                 a_lo = x_lo_desc.load([off_m, kt * BLOCK_K])
                 b_lo = w_lo_desc.load([off_n, kt * BLOCK_K]).T
             acc = operand_dot(a, a_lo, b, b_lo, acc, MODE, INTERPRET)
@@ -152,13 +171,50 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
             b = load_k_slice(w_ptr, b_offsets, k_ok, EVEN_K).T
             a_lo = a
             b_lo = b
-            if MODE == "3xtf32":
+            if MODE == "3xtf32" or MODE == "3xfp16":
                 a_lo = load_k_slice(x_lo_ptr, a_offsets, k_ok, EVEN_K)
                 b_lo = load_k_slice(w_lo_ptr, b_offsets, k_ok, EVEN_K).T
             acc = operand_dot(a, a_lo, b, b_lo, acc, MODE, INTERPRET)
             a_offsets += BLOCK_K
             b_offsets += BLOCK_K
+    if MODE == "fp16" or MODE == "3xfp16":
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        x_scale = tl.load(x_scale_ptr + rows, mask=rows < M, other=0.0)
+        w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
+        acc = acc * x_scale[:, None] * w_scale[None, :]  # powers of two, one at a time: exact
     return acc
+
+
+@triton.jit
+def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of a float32 operand (K long, contiguous) per program, for the fp16 modes: s = 2^e
+    puts the row's largest |value| in [2¹⁴, 2¹⁵), hi = float16(v·s) rounded to nearest (even),
+    with SPLIT lo = float16(v·s − hi), and 1/s to inv_scale_ptr.
+
+    v·s is exact, so hi is v rounded to 11 significant bits, as TF32 to nearest would round it,
+    for every |v| down to the row's max·2⁻²⁸ (float16's normal range); below that the float16
+    spacing 2⁻²⁴ (of the scaled row) bounds the error at max·2⁻³⁹. hi + lo is v to 2⁻²² of its
+    magnitude likewise (lo underflows below max·2⁻¹⁷, to the same absolute bound). e keeps s
+    and 1/s normal (|e| ≤ 126), so an all-zero or denormal row is scaled less; a row holding inf
+    gets s = 2⁻¹¹⁴ (inf·s stays inf, its NaNs stay NaN)."""
+    row = tl.program_id(0).to(tl.int64)
+    offsets = tl.arange(0, BLOCK)
+    largest = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range(0, K, BLOCK):
+        v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < K, other=0.0)
+        largest = tl.maximum(largest, tl.abs(v))
+    biased = (tl.max(largest).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the exponent, 127-biased
+    e = tl.minimum(tl.maximum(14 - (biased - 127), -126), 126)
+    s = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(inv_scale_ptr + row, ((127 - e) << 23).to(tl.float32, bitcast=True))
+    for k in range(0, K, BLOCK):
+        ok = k + offsets < K
+        v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
+        hi = v.to(tl.float16)
+        tl.store(hi_ptr + row * K + k + offsets, hi, mask=ok)
+        if SPLIT:
+            tl.store(lo_ptr + row * K + k + offsets, (v - hi.to(tl.float32)).to(tl.float16), mask=ok)
 
 
 @triton.jit

@@ -37,7 +37,9 @@ from autofuse.cuda_variant import operand
 from autofuse.errors import InputError
 from autofuse.variant import FoldCache, Variant
 
-Pair = tuple[torch.Tensor, torch.Tensor]  # an operand and its low part (the operand again unless 3xTF32)
+# An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
+# inverse scales (else None): what ``input_operands`` and ``weight_operands`` return.
+Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 # (BLOCK_M, BLOCK_N) pairs; BLOCK_K, stages, warps, group size, persistence and TMA are searched per pair.
 TILES = ((128, 128), (128, 256), (64, 128), (128, 64), (256, 128), (64, 256))
@@ -68,6 +70,9 @@ OPERANDS = {
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "round_kernel": ("tf32", "tf32_round", 4, 4),  # W rounded once, x's tiles in the main loop: no pass
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
+    # float16 tensor cores (twice TF32's rate) on rows scaled by powers of two (fp16_row_parts):
+    "split_fp16": ("fp32", "3xfp16", 4, 4),  # hi and lo in float16, x's by a pass per call, W's cached
+    "scaled_fp16": ("tf32", "fp16", 2, 2),  # x and W rounded to 11 significant bits, as TF32 rounds them
 }
 # Under bf16, x converted inside the kernel (float32 x loaded, rounded in registers: commit
 # ea4a20f, "convert") is not offered: it passed the gates but was 4-12% slower than the cast
@@ -75,13 +80,15 @@ OPERANDS = {
 # pointer loads (22: 0.2218 against 0.2056 ms; gemm_bn train 16384: 1.1642 against 1.1008; H100,
 # tests/device/operand_paths.py). Reading float32 x once per column tile costs more than one
 # pass that writes it in bfloat16.
-# The first configuration of each precision (the tuner tries it first): the fastest of the probes
-# at the default shapes on an H100 (tests/device/NOTES.md, "Triton probe").
+SPLIT_MODES = ("3xtf32", "3xfp16")  # kernel MODEs that read the low parts
+# The first configuration of each precision (the tuner tries it first): the fastest at the default
+# shapes on an H100 (fp32 and tf32: tests/device/operand_paths.py, thirteenth session; bf16: the
+# first session's probe, tests/device/NOTES.md).
 DEFAULTS = {
-    "fp32": {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
-             "persistent": True, "tma": True, "operands": "split_trunc"},
-    "tf32": {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
-             "persistent": True, "tma": True, "operands": "round_host"},
+    "fp32": {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
+             "persistent": True, "tma": True, "operands": "split_fp16"},
+    "tf32": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
+             "persistent": True, "tma": True, "operands": "scaled_fp16"},
     "bf16": {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "cast_pass"},
 }
@@ -110,7 +117,7 @@ def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
             continue  # x's tile rounded after a TMA load: wrong sums, run to run (see OPERANDS)
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
                   "group_m": group, "persistent": persistent, "tma": tma, "operands": operands}
-        accumulators = 2 if OPERANDS[operands][1] == "3xtf32" else 1  # split_dot: a k-slice's sum beside the total
+        accumulators = 2 if OPERANDS[operands][1] in SPLIT_MODES else 1  # split_dot: a k-slice's sum beside the total
         if stage_bytes(config) > STAGE_BYTES:
             continue
         if accumulators * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
@@ -159,39 +166,57 @@ def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, round_tf32(t - hi)
 
 
-def weight_operands(w: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W's operand, W's low part) for ``operands``; the low part is the operand again unless split."""
+def weight_operands(w: torch.Tensor, operands: str) -> Operand:
+    """W's ``Operand`` for ``operands``: made once per weight and cached by the variant."""
     if operands in ("split_host", "split_trunc"):
-        return split_tf32(w)
+        return (*split_tf32(w), None)
     if operands in ("round_host", "round_kernel"):
         hi = round_tf32(w)
-        return hi, hi
+        return hi, hi, None
     if operands == "cast_pass":
         wb = w.bfloat16()
-        return wb, wb
+        return wb, wb, None
+    if operands in ("split_fp16", "scaled_fp16"):
+        return fp16_parts(w.contiguous(), split=operands == "split_fp16")
     w = w.contiguous()
-    return w, w
+    return w, w, None
 
 
-def input_operands(x: torch.Tensor, operands: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x's operand, x's low part) for ``operands``: one pass over x where they need one (a Triton
-    kernel for the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
+def input_operands(x: torch.Tensor, operands: str) -> Operand:
+    """x's ``Operand`` for ``operands``: one pass over x where they need one (a Triton kernel for
+    the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
     block = 4096
     if operands == "split_trunc":  # hi is x: the tensor cores truncate it
         lo = torch.empty_like(x)
         gemm_kernels().tf32_low_part[(-(-x.numel() // block),)](x, lo, x.numel(), BLOCK=block, num_warps=8)
-        return x, lo
+        return x, lo, None
     if operands in ("split_host", "round_host"):
         split = operands == "split_host"
         hi = torch.empty_like(x)
         lo = torch.empty_like(x) if split else hi
         gemm_kernels().tf32_parts[(-(-x.numel() // block),)](x, hi, lo, x.numel(), SPLIT=split, BLOCK=block,
                                                               num_warps=8)
-        return hi, lo
+        return hi, lo, None
     if operands == "cast_pass":
         xb = x.bfloat16()
-        return xb, xb
-    return x, x
+        return xb, xb, None
+    if operands in ("split_fp16", "scaled_fp16"):
+        return fp16_parts(x, split=operands == "split_fp16")
+    return x, x, None
+
+
+def fp16_parts(t: torch.Tensor, split: bool) -> Operand:
+    """(hi, lo, inverse row scales) of a contiguous 2-D float32 ``t`` in float16, one program per
+    row (``triton_gemm.fp16_row_parts``); lo is hi again unless ``split``."""
+    rows, cols = t.shape
+    hi = torch.empty(rows, cols, device=t.device, dtype=torch.float16)
+    lo = torch.empty_like(hi) if split else hi
+    inv_scale = torch.empty(rows, device=t.device)
+    if rows:
+        block = min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
+        gemm_kernels().fp16_row_parts[(rows,)](t, hi, lo, inv_scale, cols, SPLIT=split, BLOCK=block,
+                                               num_warps=4 if block <= 1024 else 8)
+    return hi, lo, inv_scale
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:
@@ -301,7 +326,7 @@ class TritonVariant(Variant):
         # passed. The tuner gates them at each shape it tunes; the nearest-batch fallback must
         # not carry them to shapes nobody checked.
         if OPERANDS[params.get("operands", "split_host")][0] == "tf32":
-            return f"operands={params['operands']!r} (TF32 products) passes the tf32 gate only at some shapes"
+            return f"operands={params['operands']!r} (11-bit products) passes the tf32 gate only at some shapes"
         return None
 
     def build(self, device: str) -> None:
@@ -311,18 +336,19 @@ class TritonVariant(Variant):
         """The variant's kernel module (``kernels``, relative to its package; see ``kernel_module``)."""
         return kernel_module(self.kernels, type(self).__module__.rpartition(".")[0])
 
-    def main_loop(self, xs: Pair, weights: Pair) -> dict[str, Any]:
+    def main_loop(self, xs: Operand, weights: Operand) -> dict[str, Any]:
         """The keyword arguments every kernel's main loop takes: operands (pointers or TMA
         descriptors), tile sizes, the kernel's MODE, and the launch's warps and stages. ``xs`` and
-        ``weights`` are ``operands()``'s pairs (the operand, and its low part under 3xtf32).
+        ``weights`` are ``operands()``'s (the operand, its low part, the float16 rows' scales).
 
         Operands the kernel does not read are None (the descriptors without TMA, the pointers
-        with it, the low parts but under 3xtf32): Triton makes a None argument a constant, so
-        neither its binding nor the launcher's descriptor encoding costs host time per call.
-        W's descriptors are made once per cached W."""
+        with it, the low parts but under 3xtf32 and 3xfp16, the scales but under the float16
+        modes): Triton makes a None argument a constant, so neither its binding nor the
+        launcher's descriptor encoding costs host time per call. W's descriptors are made once
+        per cached W."""
         p, constants = self.params, self._loop_constants()
-        (x, x_lo), (w, w_lo) = xs, weights
-        if constants["MODE"] != "3xtf32":
+        (x, x_lo, x_scale), (w, w_lo, w_scale) = xs, weights
+        if constants["MODE"] not in SPLIT_MODES:
             x_lo = w_lo = None
         if p["tma"]:
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -340,7 +366,7 @@ class TritonVariant(Variant):
         else:
             operands = {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": None, "x_lo_desc": None,
                         "w_desc": None, "w_lo_desc": None}
-        operands.update(constants, EVEN_K=x.shape[1] % p["block_k"] == 0)
+        operands.update(constants, x_scale_ptr=x_scale, w_scale_ptr=w_scale, EVEN_K=x.shape[1] % p["block_k"] == 0)
         return operands
 
     def _loop_constants(self) -> dict[str, Any]:
@@ -363,8 +389,8 @@ class TritonVariant(Variant):
         return mode
 
     def operands(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str):
-        """(x, (x's operand, x's low part), (W's operand, W's low part), bias), checked and contiguous,
-        errors naming expected and got. The first x is what the backward's GEMMs take: x itself, or
+        """(x, x's ``Operand``, W's ``Operand``, bias), checked and contiguous, errors naming
+        expected and got. The first x is what the backward's GEMMs take: x itself, or
         under bf16 the bfloat16 copy made here (``backward_gemms`` would cast x again, a pass of
         0.13 ms at 16384×4096; eager under autocast keeps that copy too). W's operands derive from
         the parameter once and are cached until it changes; x's are made per call
@@ -383,7 +409,7 @@ class TritonVariant(Variant):
         return (xs[0] if xs[0].dtype == torch.bfloat16 else x), xs, weights, b
 
     @staticmethod
-    def backward_weight(weight: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def backward_weight(weight: torch.Tensor, weights: Operand) -> torch.Tensor:
         """The weight the backward's cuBLAS GEMMs take: the bfloat16 copy under bf16, else the
         parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()

@@ -3,7 +3,7 @@
 Each check runs tests/interpreted/check_triton.py in its own process: the interpreter must be
 on before triton defines the kernels, and this session may have imported them without it.
 The GPU compiles the same kernels for real; these check masks, partial tiles, odd shapes,
-batch 1, both schedules and both operand paths against the float64 reference (gradients
+batch 1, both schedules and every operand path against the float64 reference (gradients
 included), and that the checks can fail at all (a tanh-GELU mutant is rejected).
 """
 
@@ -48,6 +48,10 @@ def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
 
 def test_x_tf32_parts_and_the_interpreters_tensor_core_truncation():
     _run("tf32_operands")
+
+
+def test_the_float16_operands_scale_rows_exactly_interpreted():
+    _run("fp16_operands")
 
 
 def test_x_rounded_in_the_main_loop_matches_the_rounding_pass_interpreted():

@@ -152,7 +152,8 @@ def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkey
     def call(x, w, block_k):
         launch[(4,)](x_ptr=None, x_lo_ptr=None, w_ptr=None, w_lo_ptr=None,
                      x_desc=TensorDescriptor.from_tensor(x, [16, block_k]), x_lo_desc=None,
-                     w_desc=TensorDescriptor.from_tensor(w, [16, block_k]), w_lo_desc=None,
+                     w_desc=TensorDescriptor.from_tensor(w, [16, block_k]), w_lo_desc=None, x_scale_ptr=None,
+                     w_scale_ptr=None,
                      bias_ptr=torch.zeros(48), y_ptr=torch.zeros(48), q_ptr=torch.zeros(48), part_max_ptr=torch.zeros(40, 3),
                      part_sum_ptr=torch.zeros(40, 3), t=2.0, lo=-1.0, hi=1.0, M=40, N=48, K=64, BLOCK_M=16,
                      BLOCK_N=16, BLOCK_K=16, GROUP_M=2, MODE="tf32", TMA=True, EVEN_K=True, INTERPRET=False,

@@ -42,7 +42,7 @@ def test_tf32_rounding_is_to_nearest_ties_away_and_keeps_inf_and_nan():
 
 def test_the_3xtf32_split_represents_the_weight_to_float32_accuracy():
     w = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)) * 10
-    hi, lo = tv.weight_operands(w, "split_host")
+    hi, lo, _ = tv.weight_operands(w, "split_host")
     assert ((hi.view(torch.int32) & 0x1FFF) == 0).all() and ((lo.view(torch.int32) & 0x1FFF) == 0).all()
     assert ((hi.double() + lo.double() - w.double()).abs() <= w.double().abs() * 2.0 ** -21).all()
 

@@ -1,15 +1,17 @@
 """Where should x be converted (bf16) or rounded (tf32)? The triton variants' forward with each operand path.
 
-    python3 tests/device/operand_paths.py [--precision bf16|tf32] [--rounds 20]
+    python3 tests/device/operand_paths.py [--precision bf16|tf32|fp32] [--rounds 20]
 
 For each triton key at its default shapes (22, 99, gemm_bn eval and train), the configuration the
 shipped table recorded for triton (else the default) is run with each operand path of the
 precision, with and without TMA, timed interleaved (``autofuse.timing``, L2 flushed), under
 no_grad: the forward a tune times. cuBLAS's GEMM alone at the precision (bf16: on pre-cast
-operands) is the floor. Prints one JSON line per key. It measured bf16's ``convert`` path
+operands) is the floor. The float16 paths also run at BLOCK_K 64 and (scaled_fp16) at bf16's
+tabled tiles. Prints one JSON line per key. It measured bf16's ``convert`` path
 (float32 x rounded in the kernel) against ``cast_pass`` at commit ea4a20f, which then left the
 space (``triton_variant.OPERANDS``; logs 2026-11-23j-5-*), and tf32's ``round_kernel`` against
-``round_host`` (twelfth session).
+``round_host`` (twelfth session), and the float16 paths (split_fp16 under fp32, scaled_fp16
+under tf32; thirteenth session).
 """
 
 import argparse
@@ -26,6 +28,23 @@ from ncu_gemm import tabled_params
 
 KEYS = [("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"), ("gemm_bn", "eval"),
         ("gemm_bn", "train")]
+
+
+TILE_KEYS = ("block_m", "block_n", "block_k", "stages", "warps")
+
+
+def tile_choices(problem, shape, mode, base, kernel_mode):
+    """The tabled tiles ({}), and for the float16 modes (2 bytes an element, twice TF32's rate)
+    also BLOCK_K 64 and, for one product, the tiles the table gave bf16."""
+    choices = [{}]
+    if kernel_mode in ("fp16", "3xfp16"):
+        choices.append({"block_k": 64})
+        choices.append({"block_k": 64, "stages": 4})
+    if kernel_mode == "fp16":
+        bf16 = tabled_params(problem, dict(shape), "bf16", mode)
+        if bf16:
+            choices.append({k: bf16[k] for k in TILE_KEYS})
+    return [c for c in choices if any(base.get(k) != v for k, v in c.items()) or not c]
 
 
 def main():
@@ -45,17 +64,21 @@ def main():
             fns = {}
             for operands in paths:
                 for tma in (True, False):
-                    params = {**base, "operands": operands, "tma": tma}
-                    if params not in valid:
-                        continue
-                    variant = cls(args.precision, **params)
-                    fns[f"{operands} tma={tma}"] = lambda v=variant: v(model, x)
+                    for tiles in tile_choices(problem, shape, mode, base, OPERANDS[operands][1]):
+                        params = {**base, **tiles, "operands": operands, "tma": tma}
+                        if params not in valid:
+                            continue
+                        variant = cls(args.precision, **params)
+                        label = f"{operands} tma={tma}" + ("".join(f" {k}={v}" for k, v in tiles.items()))
+                        fns[label] = lambda v=variant: v(model, x)
             w = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)).detach()
             if args.precision == "bf16":
                 xb, wb = x.bfloat16(), w.bfloat16()
                 fns["floor"] = lambda: torch.mm(xb, wb.t())
             else:
                 fns["floor"] = lambda: torch.mm(x, w.t())  # under math_mode: TF32 for tf32
+                xb, wb = x.bfloat16(), w.bfloat16()
+                fns["bf16 GEMM (pre-cast)"] = lambda: torch.mm(xb, wb.t())  # the float16 paths' own floor
             with torch.no_grad(), math_mode(args.precision):
                 times = timing.time_interleaved(fns, "cuda", rounds=args.rounds)
             print(json.dumps({"key": f"{problem} {mode} {shape}", "base": base,

@@ -26,19 +26,20 @@ CONFIGS = {  # the two schedules and both operand paths
     "grid-tma": {"block_m": 32, "block_n": 16, "block_k": 16, "stages": 2, "warps": 4, "group_m": 2,
                  "persistent": False, "tma": True},
 }
-# How the operands reach the dot, per precision and configuration (every kind is run by one of the two).
-OPERANDS = {"fp32": ("split_trunc", "split_host"), "tf32": ("round_kernel", "round_host"),
-            "bf16": ("cast_pass", "cast_pass")}
+# How the operands reach the dot, per precision and configuration: every path is run by one of the
+# two, the float16 ones by both (pointer loads and TMA).
+OPERANDS = {"fp32": (("split_trunc", "split_fp16"), ("split_host", "split_fp16")),
+            "tf32": (("round_kernel", "scaled_fp16"), ("round_host", "scaled_fp16")),
+            "bf16": (("cast_pass",), ("cast_pass",))}
 
 
 def gate(problem: str, config: str, precisions: str) -> list[str]:
     """The tuner's gate, gradients included, at every mode and distribution."""
     prob = registry.get_problem(problem)
     failures = []
-    for precision in precisions.split(","):
-        operands = OPERANDS[precision][list(CONFIGS).index(config)]
-        variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
-        for sizes in SIZES:
+    for precision, sizes in itertools.product(precisions.split(","), SIZES):
+        for operands in OPERANDS[precision][list(CONFIGS).index(config)]:
+            variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
             shape = dict(zip(prob.dims, sizes))
             if variant.params["tma"] and sizes[1] % 8:
                 shape[prob.dims[1]] = 40  # TMA needs 16-byte rows
@@ -52,9 +53,10 @@ def gate(problem: str, config: str, precisions: str) -> list[str]:
                 # past the tolerance. So tf32 is checked on well-conditioned inputs, forward only;
                 # the GPU, where the floor is TF32 too, gates all of it.
                 result = check_variant(variant, prob, cases, "cpu", autograd=precision != "tf32", mode=mode)
-                print(problem, precision, config, shape, mode, result.ok, f"{result.error:.3g}", flush=True)
+                print(problem, precision, operands, config, shape, mode, result.ok, f"{result.error:.3g}",
+                      flush=True)
                 if not result.ok:
-                    failures.append(f"{problem} {precision} {config} {shape} {mode}: {result.reason}")
+                    failures.append(f"{problem} {precision} {operands} {config} {shape} {mode}: {result.reason}")
     return failures
 
 
@@ -182,7 +184,7 @@ def bn_without_running_stats() -> list[str]:
     prob = registry.get_problem("gemm_bn")
     failures = []
     for precision in ("fp32", "bf16"):
-        operands = OPERANDS[precision][0]
+        operands = OPERANDS[precision][0][0]
         variant = registry.get_variant("gemm_bn", "triton")(precision, **CONFIGS["persistent-pointers"],
                                                             operands=operands)
         model, x = build_case(prob, CheckCase({"batch_size": 37, "in_features": 40, "out_features": 33}, "randn", 3,
@@ -298,6 +300,60 @@ def tf32_operands() -> list[str]:
     _tf32_dot_kernel[(1,)](a, torch.eye(16), out, MODE="tf32_round")
     if not torch.equal(out, tv.round_tf32(a)):
         failures.append("an interpreted tf32_round dot does not multiply x rounded to TF32 to nearest")
+    return failures
+
+
+def _fp16_parts_on_the_host(t: torch.Tensor):
+    """``fp16_row_parts`` written with torch: the scale from the exponent of each row's max |value|."""
+    biased = (t.abs().amax(dim=1).view(torch.int32) >> 23) & 0xFF
+    e = (14 - (biased - 127)).clamp(-126, 126)
+    scaled = t * torch.pow(2.0, e.float())[:, None]
+    hi = scaled.half()
+    return hi, (scaled - hi.float()).half(), torch.pow(2.0, -e.float())
+
+
+def fp16_operands() -> list[str]:
+    """The float16 operands (``triton_gemm.fp16_row_parts``) for split_fp16 and scaled_fp16.
+
+    - Equal, bit for bit, to the same arithmetic in torch, over rows that each take several
+      BLOCKs and a tail (K = 5003): randn spread over 1e±20 across the row, all zeros, denormal
+      (1e-40), near float32's max (1e38), and a row holding inf (a NaN low part, as x − x).
+    - Each row's max lands in [2¹⁴, 2¹⁵); 1/s is a power of two.
+    - hi is x to 2⁻¹¹ of itself down to the row's max·2⁻²⁸, and hi + lo is x to 2⁻²² of itself
+      or the row's max·2⁻³⁹, whichever is larger (float16's spacing at the bottom of its range).
+    """
+    from autofuse import triton_variant as tv
+
+    generator = torch.Generator().manual_seed(5)
+    k = 5003
+    rows = [torch.randn(k, generator=generator) * torch.logspace(-20, 20, k)[torch.randperm(k, generator=generator)],
+            torch.randn(k, generator=generator), torch.zeros(k), torch.full((k,), 1e-40),
+            torch.randn(k, generator=generator).clamp(-3, 3) * 1e38 / 3]
+    x = torch.stack(rows)
+    failures = []
+    hi, lo, inv = tv.fp16_parts(x, split=True)
+    want = _fp16_parts_on_the_host(x)
+    for name, got, expected in zip(("hi", "lo", "1/s"), (hi, lo, inv), want):
+        if not torch.equal(got, expected):
+            failures.append(f"fp16_row_parts: {name} differs from the host's arithmetic")
+    top = hi.float().abs().amax(dim=1)[[0, 1, 4]]
+    if not ((top >= 2.0 ** 14) & (top <= 2.0 ** 15)).all():
+        failures.append(f"fp16_row_parts: rows' max scaled to {top.tolist()}, not into [2^14, 2^15]")
+    xd, big = x.double(), x.double().abs().amax(dim=1, keepdim=True)
+    one = hi.double() * inv.double()[:, None]
+    two = (hi.double() + lo.double()) * inv.double()[:, None]
+    normal = (xd.abs() >= big * 2.0 ** -28) & (xd != 0)
+    err_one = ((one - xd).abs() / xd.abs())[normal].max().item()
+    err_two = ((two - xd).abs() / torch.maximum(xd.abs() * 2.0 ** -22, big * 2.0 ** -39)).nan_to_num(0.0).max().item()
+    print("fp16_row_parts: hi off by", f"{err_one:.3g}", "(bound 2^-11 =", f"{2.0 ** -11:.3g})",
+          "hi + lo off by", f"{err_two:.3g}", "of its bound", flush=True)
+    if not err_one <= 2.0 ** -11 or not err_two <= 1.0:
+        failures.append(f"fp16_row_parts: hi off by {err_one:.3g} > 2^-11 or hi + lo by {err_two:.3g}x its bound")
+    with_inf = x[1:2].clone()
+    with_inf[0, 7] = float("inf")
+    hi, lo, inv = tv.fp16_parts(with_inf, split=True)
+    if hi[0, 7].item() != float("inf") or not lo[0, 7].isnan() or inv.item() != 2.0 ** 114:
+        failures.append(f"fp16_row_parts at inf: hi {hi[0, 7].item()}, lo {lo[0, 7].item()}, 1/s {inv.item()}")
     return failures
 
 
@@ -421,6 +477,7 @@ if __name__ == "__main__":
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
+                "fp16_operands": fp16_operands,
                 "transpose": transpose,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)

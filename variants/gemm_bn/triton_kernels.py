@@ -21,7 +21,8 @@ from autofuse.triton_gemm import store_gradient, tile_accumulator, tile_coords
 
 
 @triton.jit
-def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, k_ptr, shift_ptr, out_ptr,
+def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
+                x_scale_ptr, w_scale_ptr, k_ptr, shift_ptr, out_ptr,
                 z_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                 INTERPRET: tl.constexpr, SAVE_Z: tl.constexpr):
@@ -29,7 +30,8 @@ def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_l
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
+                               w_scale_ptr, M, N, K,
                                pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
                                MODE, TMA, EVEN_K, INTERPRET)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -45,7 +47,8 @@ def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_l
 
 
 @triton.jit
-def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, z_ptr,
+def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
+                         x_scale_ptr, w_scale_ptr, z_ptr,
                          part_mean_ptr, part_m2_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
                          EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
@@ -53,7 +56,8 @@ def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
+                               w_scale_ptr, M, N, K,
                                pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
                                MODE, TMA, EVEN_K, INTERPRET)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -18,7 +18,8 @@ from autofuse.triton_gemm import (exp_nonpositive, gelu, gelu_grad, parts_block,
 
 
 @triton.jit
-def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, bias_ptr, logits_ptr,
+def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
+                       x_scale_ptr, w_scale_ptr, bias_ptr, logits_ptr,
                        y_ptr, part_max_ptr, part_sum_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
                        EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
@@ -26,7 +27,8 @@ def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_de
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, M, N, K,
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
+                               w_scale_ptr, M, N, K,
                                pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
                                MODE, TMA, EVEN_K, INTERPRET)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -48,7 +48,7 @@ def _each(**values: float) -> dict[str, Target]:
 
 
 # Issue 11, time over cuBLAS's GEMM alone at that precision. fp32 admits an error-compensated
-# (3xTF32) GEMM, about half cuBLAS fp32's time on an H100 at float32 accuracy: hence 0.50;
+# GEMM (3xTF32 was about half cuBLAS fp32's time on an H100 at float32 accuracy: hence 0.50);
 # ieee keeps the float32-FMA target (1.03).
 _ROW_EPILOGUE = _each(ieee=1.03, fp32=0.50, tf32=1.03, bf16=1.12)
 _MEMORY = _each(ieee=1.5, fp32=1.5, tf32=1.5, bf16=1.5)

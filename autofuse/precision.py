@@ -5,9 +5,12 @@ Strictest first:
 * ``ieee``: IEEE float32 arithmetic in the GEMM itself (float32 FMA: cuBLAS fp32, SIMT kernels).
 * ``fp32`` (the default): float32 *accuracy*, verified. Float32 inputs and outputs, and an
   error against the float64 reference within the problem's fp32 tolerance at every input
-  distribution. Everything ``ieee`` admits, and error-compensated tensor-core GEMMs (3xTF32:
-  a = hi + lo, three TF32 products accumulated in float32) that pass that gate.
-* ``tf32``: plain TensorFloat-32 matrix units for float32 matrix products.
+  distribution. Everything ``ieee`` admits, and error-compensated tensor-core GEMMs (a = hi + lo
+  in TF32 or in float16 on power-of-two-scaled rows, three products accumulated in float32)
+  that pass that gate.
+* ``tf32``: matrix products of operands rounded to TF32's 11 significant bits: TensorFloat-32
+  matrix units, or float16 ones on power-of-two-scaled rows (the same products within 2²⁸ of a
+  row's largest value).
 * ``bf16``: bfloat16 operands (float32 accumulation); bfloat16 inputs too.
 
 A call always runs inside ``math_mode(precision)``, which sets TF32 on or off for

@@ -26,6 +26,11 @@ persistent, each program walking tiles ``num_programs`` apart.
   costs the main loop 3.5-5.7% where the pass costs 7.8-13% (H100, 1024×8192² and 16384×4096²,
   tests/device/probe_round_in_kernel.py). Pointer loads only: after a TMA load, Triton 3.6 gave
   sums that changed from run to run at some tiles (``triton_variant.OPERANDS``).
+  "3xfp16" and "fp16" are "3xtf32" and "tf32" on float16 tensor cores (twice TF32's rate, half
+  its bytes): ``fp16_row_parts`` scales each row of x (a pass per call) and of W (cached) by a
+  power of two into float16's range and splits it (3xfp16) or rounds it (fp16) to float16, which
+  keeps TF32's 11 significant bits; the tile's sum is unscaled exactly before the epilogue.
+  Float16's range bounds each element's accuracy at its row's max·2⁻³⁹ (README, "Precision").
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No other mode changes an operand in registers between its load
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or

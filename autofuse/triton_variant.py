@@ -70,7 +70,9 @@ OPERANDS = {
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "round_kernel": ("tf32", "tf32_round", 4, 4),  # W rounded once, x's tiles in the main loop: no pass
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
-    # float16 tensor cores (twice TF32's rate) on rows scaled by powers of two (fp16_row_parts):
+    # float16 tensor cores (twice TF32's rate) on rows scaled by powers of two (fp16_row_parts); at
+    # the default shapes on an H100 0.26-0.30x cuBLAS fp32's time (the TF32 splits: 0.47-0.51x)
+    # and 0.65-0.92x cuBLAS tf32's (round_host: 1.07-1.36x; tests/device/operand_paths.py):
     "split_fp16": ("fp32", "3xfp16", 4, 4),  # hi and lo in float16, x's by a pass per call, W's cached
     "scaled_fp16": ("tf32", "fp16", 2, 2),  # x and W rounded to 11 significant bits, as TF32 rounds them
 }
@@ -279,7 +281,7 @@ class TritonVariant(Variant):
     kind = "triton"
     devices = ("cpu", "cuda")  # the CPU only under TRITON_INTERPRET=1: see unavailable_reason
     dtypes = (torch.float32,)
-    precisions = ("fp32", "tf32", "bf16")  # fp32 through 3xTF32, so not ieee
+    precisions = ("fp32", "tf32", "bf16")  # fp32 through a compensated split, so not ieee
     supports_autograd = True
     kernels: ClassVar[str] = ".triton_kernels"
 

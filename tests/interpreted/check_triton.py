@@ -321,6 +321,7 @@ def fp16_operands() -> list[str]:
     - Each row's max lands in [2¹⁴, 2¹⁵); 1/s is a power of two.
     - hi is x to 2⁻¹¹ of itself down to the row's max·2⁻²⁸, and hi + lo is x to 2⁻²² of itself
       or the row's max·2⁻³⁹, whichever is larger (float16's spacing at the bottom of its range).
+    - What that range means for a GEMM with outliers in x's rows (``_fp16_outliers``).
     """
     from autofuse import triton_variant as tv
 
@@ -349,11 +350,44 @@ def fp16_operands() -> list[str]:
           "hi + lo off by", f"{err_two:.3g}", "of its bound", flush=True)
     if not err_one <= 2.0 ** -11 or not err_two <= 1.0:
         failures.append(f"fp16_row_parts: hi off by {err_one:.3g} > 2^-11 or hi + lo by {err_two:.3g}x its bound")
+    failures += _fp16_outliers()
     with_inf = x[1:2].clone()
     with_inf[0, 7] = float("inf")
     hi, lo, inv = tv.fp16_parts(with_inf, split=True)
     if hi[0, 7].item() != float("inf") or not lo[0, 7].isnan() or inv.item() != 2.0 ** 114:
         failures.append(f"fp16_row_parts at inf: hi {hi[0, 7].item()}, lo {lo[0, 7].item()}, 1/s {inv.item()}")
+    return failures
+
+
+def _fp16_outliers() -> list[str]:
+    """The float16 split's range, as README's precision section states it: x's rows hold one
+    element R times the rest, multiplying a zero weight, so the result is carried by elements R
+    below the row's max. The products of the kernel's parts, summed in float64, against float64:
+    float32-accurate (within 4x a float32 matmul's error) up to R = 1e5; beyond, each element
+    keeps the row's max·2⁻³⁹, so the error is bounded by that (printed: the README's numbers)."""
+    from autofuse import triton_variant as tv
+
+    failures = []
+    generator = torch.Generator().manual_seed(0)
+    m, k, n = 64, 4096, 64
+    for outlier in (1e3, 1e5, 1e6, 1e7, 1e9):
+        x = torch.randn(m, k, generator=generator)
+        w = torch.randn(n, k, generator=generator) / k ** 0.5
+        x[:, 0], w[:, 0] = outlier, 0.0
+        exact = x.double() @ w.double().T
+        (xh, xl, xs), (wh, wl, ws) = tv.fp16_parts(x, split=True), tv.fp16_parts(w, split=True)
+        xh, xl, wh, wl = (t.double() for t in (xh, xl, wh, wl))
+        scale = xs.double()[:, None] * ws.double()[None, :]
+        split = (xh @ wh.T + xh @ wl.T + xl @ wh.T) * scale
+        float32 = (x @ w.T).double()
+        error = lambda got: ((got - exact).norm() / exact.norm()).item()  # noqa: E731
+        floor = x.double().abs().amax() * 2.0 ** -39 * w.double().abs().sum(dim=1).max() * m ** 0.5 * n ** 0.5
+        print(f"outlier {outlier:.0e}: split_fp16 {error(split):.3g}, float32 {error(float32):.3g}, "
+              f"scaled_fp16 {error((xh @ wh.T) * scale):.3g}", flush=True)
+        if outlier <= 1e5 and not error(split) <= 4 * error(float32):
+            failures.append(f"split_fp16 with a {outlier:.0e} outlier: {error(split):.3g} > 4x float32's")
+        if not (split - exact).norm().item() <= floor.item() + 2.0 ** -21 * exact.norm().item():
+            failures.append(f"split_fp16 with a {outlier:.0e} outlier: beyond the max·2^-39 bound")
     return failures
 
 

@@ -202,7 +202,10 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     spacing 2⁻²⁴ (of the scaled row) bounds the error at max·2⁻³⁹. hi + lo is v to 2⁻²² of its
     magnitude likewise (lo underflows below max·2⁻¹⁷, to the same absolute bound). e keeps s
     and 1/s normal (|e| ≤ 126), so an all-zero or denormal row is scaled less; a row holding inf
-    gets s = 2⁻¹¹⁴ (inf·s stays inf, its NaNs stay NaN)."""
+    gets s = 2⁻¹¹⁴ (inf·s stays inf). A NaN stays NaN: on an H100 the max passes over it and the
+    row is scaled by its other values; the interpreter's max returns NaN and scales it as for inf
+    (tests/device/fp16_parts_edges.py: the GPU equals torch's arithmetic bit for bit otherwise,
+    denormal rows included)."""
     row = tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK)
     largest = tl.zeros((BLOCK,), dtype=tl.float32)

@@ -143,6 +143,23 @@ class GradBuffers:
         return GemmGrad(self.dy, self.dy_t, None if self.parts is None else self.parts.sum(0))
 
 
+class CublasGemms:
+    """How a backward multiplies after its epilogue's backward: ``layouts`` says which forms of
+    ∂L/∂y to write, the call returns (dx, dW). This one is cuBLAS at the forward's precision
+    (``grad_layouts``, ``backward_gemms``), every fused variant's unless its forward multiplies
+    otherwise: the triton variants on float16 parts use ``triton_backward.Fp16Gemms``."""
+
+    def layouts(self, precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
+        return grad_layouts(precision, need_x, need_weight, need_bias)
+
+    def __call__(self, grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str, need_x: bool,
+                 need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return backward_gemms(grad, x, weight, precision, need_x, need_weight)
+
+
+CUBLAS = CublasGemms()
+
+
 def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str,
                    need_x: bool, need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dW) of y = x·Wᵀ given ∂L/∂y: dx = dy·W and dW = dyᵀ·x through cuBLAS.
@@ -183,7 +200,7 @@ def _weight_gradient(grad: GemmGrad, x: torch.Tensor, precision: str) -> torch.T
         return grad.dy_t.to(x.dtype) @ x
     dy = grad.dy.to(x.dtype)
     if precision == "tf32" and dy.is_cuda:
-        from autofuse.triton_variant import transposed  # imports triton on first use only
+        from autofuse.triton_host import transposed  # imports triton on first use only
 
         return dy.t() @ transposed(x).t()
     return dy.t() @ x

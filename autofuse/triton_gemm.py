@@ -226,6 +226,54 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
 
 
 @triton.jit
+def fp16_col_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
+    """``fp16_row_parts`` of srcᵀ, without a transposed copy: src is float32 (R × C, contiguous),
+    hi and lo are float16 (C × R, contiguous), scaled per column of src, one program per BLOCK_C
+    columns (a pass for the max, a pass for the parts). The backward's GEMMs contract over the
+    batch for dW = dyᵀ·x and over W's rows for dx = dy·W: those operands' K-major forms
+    (``triton_backward``). The arithmetic is ``fp16_row_parts``'s, so its bounds hold per column."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    rows = tl.arange(0, BLOCK_R)
+    largest = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for r in range(0, R, BLOCK_R):
+        mask = ((r + rows) < R)[:, None] & col_ok[None, :]
+        v = tl.load(src_ptr + (r + rows)[:, None].to(tl.int64) * C + cols[None, :], mask=mask, other=0.0)
+        largest = tl.maximum(largest, tl.abs(v))
+    biased = (tl.max(largest, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    e = tl.minimum(tl.maximum(14 - (biased - 127), -126), 126)
+    s = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(inv_scale_ptr + cols, ((127 - e) << 23).to(tl.float32, bitcast=True), mask=col_ok)
+    for r in range(0, R, BLOCK_R):
+        mask = ((r + rows) < R)[:, None] & col_ok[None, :]
+        v = tl.load(src_ptr + (r + rows)[:, None].to(tl.int64) * C + cols[None, :], mask=mask, other=0.0) * s[None, :]
+        hi = v.to(tl.float16)
+        out = cols[:, None].to(tl.int64) * R + (r + rows)[None, :]
+        tl.store(hi_ptr + out, tl.trans(hi), mask=tl.trans(mask))
+        if SPLIT:
+            tl.store(lo_ptr + out, tl.trans((v - hi.to(tl.float32)).to(tl.float16)), mask=tl.trans(mask))
+
+
+@triton.jit
+def gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr, w_scale_ptr, out_ptr,
+         M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+         MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
+    """out = x·Wᵀ (M × N, float32) and nothing else: the backward's GEMMs on float16 parts
+    (``triton_backward``), through the same main loop as the forwards."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
+                               w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE, TMA, EVEN_K,
+                               INTERPRET)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
 def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """hi = src rounded to TF32 to nearest (ties away, as cvt.rna.tf32.f32), and with SPLIT
     lo = (src − hi) rounded likewise: x's operands for "tf32"/"3xtf32", one pass over x. In bits

@@ -24,22 +24,18 @@ beside the tile's staging buffer (tests/device/NOTES.md, seventh session).
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 import itertools
-import os
 from typing import Any, ClassVar
 
 import torch
 
+from autofuse.autograd import CUBLAS
 from autofuse.cuda_variant import operand
 from autofuse.errors import InputError
+from autofuse.triton_host import (Operand, descriptors, fp16_parts, gemm_kernels, interpreting, kernel_module,
+                                  launch_grid, loop_operands, round_tf32, split_tf32, triton_missing)
 from autofuse.variant import FoldCache, Variant
 
-# An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
-# inverse scales (else None): what ``input_operands`` and ``weight_operands`` return.
-Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 # (BLOCK_M, BLOCK_N) pairs; BLOCK_K, stages, warps, group size, persistence and TMA are searched per pair.
 TILES = ((128, 128), (128, 256), (64, 128), (128, 64), (256, 128), (64, 256))
@@ -142,32 +138,6 @@ def precision_configs(configs: list[dict[str, Any]], precision: str) -> list[dic
     return sorted(mine, key=lambda c: c != default)
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels through its interpreter (on the CPU) in this process."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
-def triton_missing() -> str | None:
-    """Why Triton cannot be imported here, or None."""
-    try:
-        importlib.import_module("triton")
-    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install
-        return f"triton cannot be imported ({exc}); it ships with CUDA builds of torch, or `pip install triton`"
-    return None
-
-
-def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 to nearest, ties away from zero, as ``tf32_parts`` does in a kernel."""
-    return ((t.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
-
-
-def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo), each a TF32 number, with hi + lo = t to about 2⁻²² relative."""
-    hi = round_tf32(t)
-    return hi, round_tf32(t - hi)
-
-
 def weight_operands(w: torch.Tensor, operands: str) -> Operand:
     """W's ``Operand`` for ``operands``: made once per weight and cached by the variant."""
     if operands in ("split_host", "split_trunc"):
@@ -207,72 +177,16 @@ def input_operands(x: torch.Tensor, operands: str) -> Operand:
     return x, x, None
 
 
-def fp16_parts(t: torch.Tensor, split: bool) -> Operand:
-    """(hi, lo, inverse row scales) of a contiguous 2-D float32 ``t`` in float16, one program per
-    row (``triton_gemm.fp16_row_parts``); lo is hi again unless ``split``."""
-    rows, cols = t.shape
-    hi = torch.empty(rows, cols, device=t.device, dtype=torch.float16)
-    lo = torch.empty_like(hi) if split else hi
-    inv_scale = torch.empty(rows, device=t.device)
-    if rows:
-        block = min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
-        gemm_kernels().fp16_row_parts[(rows,)](t, hi, lo, inv_scale, cols, SPLIT=split, BLOCK=block,
-                                               num_warps=4 if block <= 1024 else 8)
-    return hi, lo, inv_scale
+def backward_gemms_for(params: dict[str, Any], precision: str):
+    """How a triton variant's backward multiplies (``autograd.CublasGemms``): on float16 parts as
+    its forward does where that runs on float16 tensor cores (``triton_backward.Fp16Gemms``),
+    else through cuBLAS at the precision."""
+    served, mode, _, _ = OPERANDS.get(params.get("operands"), (None, None, 0, 0))
+    if mode in ("3xfp16", "fp16") and served == precision:
+        from autofuse.triton_backward import Fp16Gemms
 
-
-def transposed(t: torch.Tensor) -> torch.Tensor:
-    """``t.t().contiguous()`` for a 2-D float32 tensor, by a Triton kernel where one can run
-    (``fused_kernels_apply``): torch's copy of a transposed view moved 0.9 TB/s on an H100
-    (0.070 ms for 1024×8192, the Triton one 0.027). The tf32 weight gradient takes x's copy where
-    no epilogue backward wrote dyᵀ (``autograd._weight_gradient``)."""
-    rows, cols = t.shape
-    block = 64
-    if not fused_kernels_apply(t) or t.numel() == 0 or -(-cols // block) > 65535:  # the grid's second dimension
-        return t.t().contiguous()
-    out = torch.empty(cols, rows, device=t.device, dtype=t.dtype)
-    gemm_kernels().transpose[(-(-rows // block), -(-cols // block))](t, out, rows, cols, BLOCK=block, num_warps=4)
-    return out
-
-
-def fused_kernels_apply(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
-    """Whether a backward's Triton kernels can take these tensors: of ``dtypes`` (float32 unless
-    the kernel converts what it loads) and contiguous, on CUDA (or on the CPU under the
-    interpreter), with Triton importable. Else the torch formula runs."""
-    if triton_missing() is not None:
-        return False
-    device = "cpu" if interpreting() else "cuda"
-    return all(t.dtype in dtypes and t.is_contiguous() and t.device.type == device for t in tensors)
-
-
-def kernel_module(name: str, package: str | None = None):
-    """The Triton kernel module ``name`` (relative to ``package`` if it starts with a dot),
-    imported on first use (it imports triton), its kernels launched through
-    ``autofuse.triton_launch``: one wrapper per module in the process, so the forward's variants
-    and the backwards share each kernel's launch cache."""
-    return _kernel_module(importlib.util.resolve_name(name, package))
-
-
-@functools.cache
-def _kernel_module(name: str):
-    from autofuse.triton_launch import Kernels
-
-    return Kernels(name)
-
-
-def problem_kernels(problem: str):
-    """``variants/<problem>/triton_kernels.py`` (see ``kernel_module``)."""
-    return kernel_module(f"autofuse.variants.{problem}.triton_kernels")
-
-
-def gemm_kernels():
-    """``autofuse.triton_gemm``: the shared main loop and ``tf32_parts`` (see ``kernel_module``)."""
-    return kernel_module("autofuse.triton_gemm")
-
-
-@functools.cache
-def sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+        return Fp16Gemms(params, split=mode == "3xfp16")
+    return CUBLAS
 
 
 class TritonVariant(Variant):
@@ -300,6 +214,7 @@ class TritonVariant(Variant):
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._weights = FoldCache()
+        self.gemms = backward_gemms_for(self.params, precision)
 
     @classmethod
     def configs(cls, shape, device):
@@ -339,36 +254,21 @@ class TritonVariant(Variant):
         return kernel_module(self.kernels, type(self).__module__.rpartition(".")[0])
 
     def main_loop(self, xs: Operand, weights: Operand) -> dict[str, Any]:
-        """The keyword arguments every kernel's main loop takes: operands (pointers or TMA
-        descriptors), tile sizes, the kernel's MODE, and the launch's warps and stages. ``xs`` and
-        ``weights`` are ``operands()``'s (the operand, its low part, the float16 rows' scales).
-
-        Operands the kernel does not read are None (the descriptors without TMA, the pointers
-        with it, the low parts but under 3xtf32 and 3xfp16, the scales but under the float16
-        modes): Triton makes a None argument a constant, so neither its binding nor the
-        launcher's descriptor encoding costs host time per call. W's descriptors are made once
-        per cached W."""
+        """The keyword arguments every kernel's main loop takes (``loop_operands``, W's descriptors
+        made once per cached W), its constants, and the launch's warps and stages. ``xs`` and
+        ``weights`` are ``operands()``'s (the operand, its low part, the float16 rows' scales)."""
         p, constants = self.params, self._loop_constants()
-        (x, x_lo, x_scale), (w, w_lo, w_scale) = xs, weights
-        if constants["MODE"] not in SPLIT_MODES:
-            x_lo = w_lo = None
+        split = constants["MODE"] in SPLIT_MODES
+        w_descs = None
         if p["tma"]:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            bk = p["block_k"]
             cached = self.__dict__.get("_w_descs")
             if cached is None or cached[0] is not weights:
-                w_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_n"], bk])
-                                for t in (w, w_lo))
-                cached = self._w_descs = (weights, w_descs)
-            x_descs = tuple(None if t is None else TensorDescriptor.from_tensor(t, [p["block_m"], bk])
-                            for t in (x, x_lo))
-            operands = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": x_descs[0],
-                        "x_lo_desc": x_descs[1], "w_desc": cached[1][0], "w_lo_desc": cached[1][1]}
-        else:
-            operands = {"x_ptr": x, "x_lo_ptr": x_lo, "w_ptr": w, "w_lo_ptr": w_lo, "x_desc": None, "x_lo_desc": None,
-                        "w_desc": None, "w_lo_desc": None}
-        operands.update(constants, x_scale_ptr=x_scale, w_scale_ptr=w_scale, EVEN_K=x.shape[1] % p["block_k"] == 0)
+                w_parts = (weights[0], weights[1] if split else None)
+                cached = self._w_descs = (weights, descriptors(w_parts, p["block_n"], p["block_k"]))
+            w_descs = cached[1]
+        blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] else None
+        operands = loop_operands(xs, weights, split, blocks, w_descs)
+        operands.update(constants, EVEN_K=xs[0].shape[1] % p["block_k"] == 0)
         return operands
 
     def _loop_constants(self) -> dict[str, Any]:
@@ -417,9 +317,8 @@ class TritonVariant(Variant):
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
 
     def grid(self, x: torch.Tensor, n_out: int) -> tuple[int]:
-        """One program per tile, or (persistent) one per SM, never more than there are tiles."""
-        tiles = -(-x.shape[0] // self.params["block_m"]) * -(-n_out // self.params["block_n"])
-        if not self.params["persistent"]:
-            return (tiles,)
-        programs = 4 if x.device.type != "cuda" else sm_count(x.device.index if x.device.index is not None else 0)
-        return (min(tiles, programs),)
+        """The launch grid of the variant's GEMM for ``x`` and ``n_out`` columns (``launch_grid``)."""
+        p = self.params
+        return launch_grid(x.shape[0], n_out, p["block_m"], p["block_n"], p["persistent"], x.device)
+
+

@@ -10,7 +10,8 @@ session), and a space that offers such configurations wastes tuning trials on th
 Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
 modules swapped for recorders, with and without a gradient needed (the kernels then also store
 what the backward reads); then the backward runs on the forward's (unwritten) outputs, its
-Triton passes admitted on the CPU, and its launches are recorded too. Each recorded launch is
+Triton passes admitted on the CPU, and its launches are recorded too (at fp32 and tf32 the
+GEMMs on float16 parts, ``triton_backward``, among them). Each recorded launch is
 compiled with the types Triton would give its arguments. Configurations: per precision, the
 tuner's first, and the largest-footprint configuration of each operand path, with and without
 TMA (the backward: the first; its kernels do not depend on the GEMM's).
@@ -22,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from autofuse import registry, triton_variant as tv
+from autofuse import registry, triton_backward, triton_host, triton_variant as tv
 from autofuse.verify import CheckCase, build_case
 
 pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
@@ -69,7 +70,7 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
         monkeypatch.setitem(sys.modules, name, None)
         monkeypatch.delitem(sys.modules, name)
     record = []
-    monkeypatch.setattr(tv, "_kernel_module", lambda name: _Recorder(name, record))
+    monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
     prob = registry.get_problem(problem)
     shape = dict(zip(prob.dims, SHAPES[problem]))
     model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", torch.float32, mode)
@@ -80,8 +81,8 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
     assert record, f"{problem}: the forward launched no kernel"
     if not backward:
         return record
-    monkeypatch.setattr(importlib.import_module(f"autofuse.variants.{problem}.gradients"), "fused_kernels_apply",
-                        _on_any_device)
+    for module in (importlib.import_module(f"autofuse.variants.{problem}.gradients"), triton_backward):
+        monkeypatch.setattr(module, "fused_kernels_apply", _on_any_device)
     forward = len(record)
     out.backward(torch.randn_like(out))
     assert len(record) > forward, f"{problem}: the backward launched no Triton kernel"
@@ -147,6 +148,9 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
     names = set()
     for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision,
                                               configurations(problem, precision)[0], True, backward=True):
-        compile_for_hopper(fn, args, dict(kwargs))
+        kernel = compile_for_hopper(fn, args, dict(kwargs))
+        assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
     assert names, problem
+    if precision in ("fp32", "tf32"):  # the float16 paths (the first configuration) multiply on float16 parts
+        assert {"gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here

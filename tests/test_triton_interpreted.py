@@ -54,6 +54,10 @@ def test_the_float16_operands_scale_rows_exactly_interpreted():
     _run("fp16_operands")
 
 
+def test_the_backwards_float16_gemms_and_column_parts_interpreted():
+    _run("fp16_backward_gemms")
+
+
 def test_x_rounded_in_the_main_loop_matches_the_rounding_pass_interpreted():
     _run("tf32_round_in_the_kernel")
 

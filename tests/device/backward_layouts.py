@@ -18,7 +18,7 @@ import torch
 
 from autofuse.precision import math_mode
 from autofuse.timing import time_interleaved
-from autofuse.triton_variant import transposed
+from autofuse.triton_host import transposed
 
 
 def main():

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from autofuse import registry  # noqa: E402
+from autofuse import autograd, registry  # noqa: E402
 from autofuse.verify import CheckCase, check_variant  # noqa: E402
 
 SIZES = ((1, 37, 53), (37, 40, 33))  # batch 1 (BN training skips it: needs 2), odd sizes
@@ -391,6 +391,58 @@ def _fp16_outliers() -> list[str]:
     return failures
 
 
+def fp16_backward_gemms() -> list[str]:
+    """The backward's GEMMs on float16 parts (``triton_backward.Fp16Gemms``), both schedules:
+
+    - a column's parts (``fp16_col_parts``, written transposed) equal, bit for bit, the row
+      kernel's parts of the transposed copy, at sizes ending in partial blocks both ways, with
+      columns spread over 1e±20, an all-zero and a denormal column;
+    - dx = dy·W and dW = dyᵀ·x against float64 at batch 1 and odd sizes, rand and large inputs:
+      split (fp32) within 4x a float32 matmul's error or 2⁻²² (the split keeps 22 bits: at batch
+      1 dW is an outer product, one rounded product per element), scaled (tf32) within 2⁻¹⁰;
+    - W's column parts are made again after an in-place update of W (its version moves).
+    """
+    from autofuse import triton_backward, triton_host
+
+    failures = []
+    generator = torch.Generator().manual_seed(6)
+    for rows, cols in ((1, 37), (37, 1), (70, 45), (130, 67)):
+        t = torch.randn(rows, cols, generator=generator) * torch.logspace(-20, 20, cols)[None, :]
+        t[:, 0] = 0.0
+        if cols > 2:
+            t[:, 1] = 1e-40
+        for split in (True, False):
+            got = triton_backward.column_parts(t, split)
+            want = triton_host.fp16_parts(t.t().contiguous(), split)
+            if not all(torch.equal(g, w) for g, w in zip(got, want)):
+                failures.append(f"fp16_col_parts {(rows, cols)} split={split}: differs from the row parts of tᵀ")
+    for config, split in itertools.product(CONFIGS, (True, False)):
+        gemms = triton_backward.Fp16Gemms(CONFIGS[config], split=split)
+        for (m, n, k), spread in itertools.product(((1, 37, 53), (37, 40, 33), (48, 19, 70)), (1.0, 1e4)):
+            dy = torch.randn(m, n, generator=generator) * spread
+            x = torch.rand(m, k, generator=generator) * spread
+            w = torch.randn(n, k, generator=generator) / k ** 0.5
+            dx, dw = gemms(autograd.GemmGrad(dy, None, None), x, w, "fp32" if split else "tf32", True, True)
+            for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
+                exact = a.double() @ b.double()
+                error = ((got.double() - exact).norm() / exact.norm()).item()
+                floor = ((a @ b).double() - exact).norm().item() / exact.norm().item()
+                bound = max(4 * floor, 2.0 ** -22) if split else 2.0 ** -10
+                print("fp16 backward", config, "split" if split else "scaled", (m, n, k), spread, name,
+                      f"{error:.3g} (bound {bound:.3g})", flush=True)
+                if not error <= bound:
+                    failures.append(f"{name} {config} split={split} {(m, n, k)} x{spread}: {error:.3g} > {bound:.3g}")
+    gemms = triton_backward.Fp16Gemms(CONFIGS["persistent-pointers"], split=True)
+    w = torch.randn(24, 40, generator=generator)
+    dy = torch.randn(5, 24, generator=generator)
+    gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w, "fp32", True, False)
+    w.mul_(2.0)
+    dx, _ = gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w, "fp32", True, False)
+    if not torch.allclose(dx, dy @ w, rtol=1e-5, atol=1e-5):
+        failures.append("Fp16Gemms kept W's column parts after an in-place update of W")
+    return failures
+
+
 def tf32_round_in_the_kernel() -> list[str]:
     """Every triton variant with x rounded in its main loop (round_kernel) gives bit for bit what
     it gives with x rounded by the pass (round_host): the same products in the same order. Both
@@ -420,15 +472,15 @@ def tf32_round_in_the_kernel() -> list[str]:
 
 
 def transpose() -> list[str]:
-    """``triton_variant.transposed`` (the weight gradient's K-major copy of x) equals torch's
+    """``triton_host.transposed`` (the weight gradient's K-major copy of x) equals torch's
     transpose at shapes that end in partial tiles both ways, batch 1 and a single column included."""
-    from autofuse import triton_variant as tv
+    from autofuse import triton_host
 
     generator = torch.Generator().manual_seed(4)
     failures = []
     for rows, cols in ((1, 37), (37, 1), (37, 53), (130, 67), (64, 128)):
         t = torch.randn(rows, cols, generator=generator)
-        got = tv.transposed(t)
+        got = triton_host.transposed(t)
         print("transpose", (rows, cols), tuple(got.shape), flush=True)
         if not torch.equal(got, t.t().contiguous()) or not got.is_contiguous():
             failures.append(f"transpose of {(rows, cols)} differs from torch's")
@@ -511,7 +563,7 @@ if __name__ == "__main__":
                 "avgpool_backward": avgpool_backward, "mutant_fails": mutant_fails,
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
-                "fp16_operands": fp16_operands,
+                "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
                 "transpose": transpose,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from autofuse.autograd import FusedOp
-from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+from autofuse.triton_host import fused_kernels_apply, problem_kernels
 
 from ..matmul_gelu_softmax.gradients import gelu_grad
 

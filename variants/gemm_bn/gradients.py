@@ -32,9 +32,9 @@ import math
 
 import torch
 
-from autofuse.autograd import FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, grad_layouts, reduce_rows
+from autofuse.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, reduce_rows
 from autofuse.precision import linear
-from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+from autofuse.triton_host import fused_kernels_apply, problem_kernels
 
 
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
@@ -102,8 +102,9 @@ def _bn_backward(grad, z, shift, tile_rows: int, a, b, c, layouts: GradLayouts) 
     return GemmGrad.of(a * grad + b + c * centred(z, shift, tile_rows), layouts)
 
 
-def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | None):
-    """(dx, dW, db, ds, dγ, dβ) per ``needs`` (inputs: x, weight, bias, scale, γ, β)."""
+def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | None, gemms: CublasGemms = CUBLAS):
+    """(dx, dW, db, ds, dγ, dβ) per ``needs`` (inputs: x, weight, bias, scale, γ, β); ``gemms``
+    multiplies dx and dW."""
     x, weight, z, shift, var, scale, gamma = saved
     if z is None:
         z = linear(x, weight, None, precision)
@@ -112,19 +113,19 @@ def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | N
         shift = -mean[None]
     tile_rows = tile_rows if shift.shape[0] > 1 else max(z.shape[0], 1)
     a, b, c, ds, dgamma, dbeta = bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, eps)
-    dz = _bn_backward(grad, z, shift, tile_rows, a, b, c, grad_layouts(precision, needs[0], needs[1], False))
-    dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
+    dz = _bn_backward(grad, z, shift, tile_rows, a, b, c, gemms.layouts(precision, needs[0], needs[1], False))
+    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
     db = torch.zeros_like(scale) if needs[2] else None
     return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
 
 
-def eval_backward(saved, grad, needs, precision):
-    """(dx, dW, dk, dshift) per ``needs`` (inputs: x, weight, k, shift)."""
+def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
+    """(dx, dW, dk, dshift) per ``needs`` (inputs: x, weight, k, shift); ``gemms`` multiplies dx and dW."""
     x, weight, z, k = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    dz = GemmGrad.of(grad * k, grad_layouts(precision, needs[0], needs[1], False))
-    dx, dw = backward_gemms(dz, x, weight, precision, needs[0], needs[1])
+    dz = GemmGrad.of(grad * k, gemms.layouts(precision, needs[0], needs[1], False))
+    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
     dk = reduce_rows(grad * z) if needs[2] else None
     dshift = reduce_rows(grad) if needs[3] else None
     return dx, dw, dk, dshift
@@ -145,18 +146,19 @@ def affine_coefficients(model) -> tuple[torch.Tensor, torch.Tensor]:
     return k, shift
 
 
-def train_op(forward, precision: str, eps: float, tile_rows: int | None = None) -> FusedOp:
+def train_op(forward, precision: str, eps: float, tile_rows: int | None = None,
+             gemms: CublasGemms = CUBLAS) -> FusedOp:
     """The FusedOp of a training forward ``(x, weight, bias, scale, γ, β, save)`` returning
     (out, (x, weight operand, z or None, shift or None, σ² or None, scale, γ)), z's shift with
     one row or one per ``tile_rows`` rows (see the module's docstring)."""
-    return FusedOp(forward, lambda saved, grad, needs: train_backward(saved, grad, needs, precision, eps, tile_rows),
-                   precision)
+    return FusedOp(forward, lambda saved, grad, needs: train_backward(saved, grad, needs, precision, eps, tile_rows,
+                                                                      gemms), precision)
 
 
-def eval_op(forward, precision: str) -> FusedOp:
+def eval_op(forward, precision: str, gemms: CublasGemms = CUBLAS) -> FusedOp:
     """The FusedOp of an eval forward ``(x, weight, k, shift, save)`` returning
     (out, (x, weight operand, z or None, k))."""
-    return FusedOp(forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision), precision)
+    return FusedOp(forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision, gemms), precision)
 
 
 def torch_train_forward(precision, eps, tile_rows: int | None = None):

@@ -50,7 +50,7 @@ class TritonGemmBn(TritonVariant):
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._coefficients = FoldCache()
-        self._eval_op = gradients.eval_op(self._eval_fused, precision)
+        self._eval_op = gradients.eval_op(self._eval_fused, precision, self.gemms)
 
     @property
     def z_dtype(self) -> torch.dtype:
@@ -66,7 +66,7 @@ class TritonGemmBn(TritonVariant):
         if uses_batch_statistics(bn):
             ops = TrainOperands.of(model, x.detach() if isinstance(x, torch.Tensor) else x)
             op = gradients.train_op(lambda x, weight, *_, save: self._train(model, ops, x, weight, save),
-                                    self.precision, ops.eps, tile_rows=self.params["block_m"])  # fmt: skip
+                                    self.precision, ops.eps, tile_rows=self.params["block_m"], gemms=self.gemms)
             return fused_call(op, x, gemm.weight, gemm.bias, model.scale, bn.weight, bn.bias)
         if needs_grad(x, *model.parameters()):
             return fused_call(self._eval_op, x, gemm.weight, *gradients.affine_coefficients(model))

@@ -26,9 +26,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, grad_layouts, saved_logits
+from autofuse.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, saved_logits
 from autofuse.precision import linear
-from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+from autofuse.triton_host import fused_kernels_apply, problem_kernels
 
 
 def output_grad(z: torch.Tensor) -> torch.Tensor:
@@ -84,11 +84,12 @@ def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layout
     return GemmGrad.of(dy, layouts)
 
 
-def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None = None):
+def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None = None, gemms: CublasGemms = CUBLAS):
     """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``scalars`` = (t, lo, hi). With
-    ``parts`` the saved (y, bias still to add) are (q, part_max) instead (``SoftmaxParts``)."""
+    ``parts`` the saved (y, bias still to add) are (q, part_max) instead (``SoftmaxParts``).
+    ``gemms``: how dx and dW are multiplied (``autograd.CublasGemms``)."""
     x, weight, bias, y, y_bias, z = saved
-    layouts = grad_layouts(precision, *needs)
+    layouts = gemms.layouts(precision, *needs)
     if parts is not None:
         dy = epilogue_backward_from_q(y, y_bias, z, grad, scalars[0], parts.tile_n, layouts)
     else:
@@ -98,16 +99,16 @@ def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None 
             z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1,
                                 keepdim=True)
         dy = epilogue_backward(y, z, grad, *scalars, layouts)
-    dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
+    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1])
     return dx, dw, dy.bias
 
 
 def fused_op(forward, precision: str, scalars: tuple[float, float, float],
-             parts: SoftmaxParts | None = None) -> FusedOp:
+             parts: SoftmaxParts | None = None, gemms: CublasGemms = CUBLAS) -> FusedOp:
     """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
     (out, (x, weight operand, bias, y or None, bias still to add to y or None, z)), or with
     ``parts`` (out, (x, weight operand, bias, q, part_max, z))."""
-    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, scalars, parts),
+    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, scalars, parts, gemms),
                    precision)
 
 

@@ -42,7 +42,7 @@ class TritonClampLseMish(TritonVariant):
         if self.saves_softmax_parts and self.precision == "bf16":
             parts = gradients.SoftmaxParts(self.params["block_n"])
         op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, parts, save=save), self.precision, scalars,
-                                parts)
+                                parts, self.gemms)
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)
 
     def _fused(self, x, weight, bias, scalars, parts, save):

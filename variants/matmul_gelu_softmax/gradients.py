@@ -19,10 +19,10 @@ import math
 
 import torch
 
-from autofuse.autograd import (FusedOp, GemmGrad, GradBuffers, GradLayouts, backward_gemms, fused_call, grad_layouts,
+from autofuse.autograd import (CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, fused_call,
                                saved_logits)
 from autofuse.precision import linear
-from autofuse.triton_variant import fused_kernels_apply, problem_kernels
+from autofuse.triton_host import fused_kernels_apply, problem_kernels
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -67,8 +67,8 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
     return GemmGrad.of(da * gelu_grad(y.to(acc)), layouts)
 
 
-def backward(saved, grad, needs, precision):
-    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias)."""
+def backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
+    """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``gemms`` multiplies dx and dW."""
     x, weight, bias, y, y_bias, out = saved
     recomputed = y is None
     y = saved_logits(x, weight, bias, y, y_bias, precision)
@@ -77,25 +77,28 @@ def backward(saved, grad, needs, precision):
         # from another GEMM's rounding, and mixing the two put the SIMT kernels' weight gradient
         # at 4.04x eager's error on large inputs (64×256×192, H100), past the gate's 4x.
         out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
-    dy = epilogue_backward(y, out, grad, grad_layouts(precision, *needs))
-    dx, dw = backward_gemms(dy, x, weight, precision, needs[0], needs[1])
+    dy = epilogue_backward(y, out, grad, gemms.layouts(precision, *needs))
+    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1])
     return dx, dw, dy.bias
 
 
-def fused_op(forward, precision: str) -> FusedOp:
+def fused_op(forward, precision: str, gemms: CublasGemms = CUBLAS) -> FusedOp:
     """The FusedOp of a variant whose ``forward(x, weight, bias, save)`` returns
     (out, (x, weight operand, bias, y or None, bias still to add to y or None, out))."""
-    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision), precision)
+    return FusedOp(forward, lambda saved, grad, needs: backward(saved, grad, needs, precision, gemms), precision)
 
 
 class FusedGeluSoftmax:
     """Mixin of this problem's fused variants (before the Variant base in the bases): ``forward``
     runs the variant's ``_fused(x, weight, bias, save)``, returning (out, saved) as ``fused_op``
-    says, differentiably through this problem's backward, with one FusedOp per instance."""
+    says, differentiably through this problem's backward, with one FusedOp per instance, whose
+    GEMMs ``gemms`` multiplies (a triton variant on float16 parts sets its own in its __init__)."""
+
+    gemms: CublasGemms = CUBLAS
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
-        self._op = fused_op(self._fused, precision)
+        self._op = fused_op(self._fused, precision, self.gemms)
 
     def forward(self, model, x):
         return fused_call(self._op, x, model.linear.weight, model.linear.bias)

@@ -1,0 +1,92 @@
+"""The backward's GEMMs on float16 tensor cores, for the triton variants whose forward runs there.
+
+A triton variant on split_fp16 (fp32) or scaled_fp16 (tf32) multiplies x·Wᵀ on float16 parts of
+rows scaled by powers of two (``triton_gemm.fp16_row_parts``; README, "Precision"). Its backward
+multiplies the same way (``Fp16Gemms``), where cuBLAS would run dx = dy·W and dW = dyᵀ·x in
+float32 (2.7 ms each at 1024×8192² on an H100, against 0.70 for the forward's split) or TF32.
+Each GEMM takes K-major operands (``triton_gemm.tile_accumulator``) with scales outside the
+contraction, so the kernel undoes them exactly:
+- dx = dy·W: dy's rows as they are (K = out features), and W's columns, scaled per column and
+  written transposed (``fp16_col_parts``), kept while the weight is unchanged (the forward's
+  own parts of W are kept likewise);
+- dW = dyᵀ·x: the columns of dy and of x (K = the batch), scaled per column, written transposed.
+The accuracy bounds of the forward's operands hold per row of dy and per column of W, dy and x.
+The tile configuration is the variant's own (its forward's tuned one); TMA where the
+contraction's float16 rows are 16-byte aligned, pointer loads otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autofuse.autograd import CUBLAS, CublasGemms, GemmGrad, GradLayouts
+from autofuse.triton_host import (Operand, fp16_parts, fused_kernels_apply, gemm_kernels, interpreting, launch_grid,
+                                  loop_operands)
+
+# Rows × columns of src per program of ``fp16_col_parts``: 32 columns make 128-byte row segments
+# to read and 128 programs at 4096 columns, about one per SM of an H100.
+COLUMN_BLOCK = (64, 32)
+
+
+class Fp16Gemms(CublasGemms):
+    """dx and dW on float16 parts (``split``: hi and lo, "3xfp16"; else hi alone, "fp16"), in the
+    main-loop configuration ``params`` (a triton variant's). Where the kernels cannot take the
+    tensors (float64 under gradcheck, the CPU without the interpreter) cuBLAS multiplies."""
+
+    def __init__(self, params: dict[str, Any], split: bool):
+        self.params = params
+        self.split = split
+        self.mode = "3xfp16" if split else "fp16"
+        self._columns: tuple = ()  # (key, weight, W's column parts): held, so the key's pointer stays W's
+
+    def layouts(self, precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
+        # dy's rows serve both GEMMs: the column parts read them, so no dyᵀ.
+        return GradLayouts(rows=need_x or need_weight, cols=False, sums=need_bias)
+
+    def __call__(self, grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str, need_x: bool,
+                 need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        dy = grad.dy
+        if dy is None or not fused_kernels_apply(dy, x.detach(), weight.detach()):
+            return CUBLAS(grad, x, weight, precision, need_x, need_weight)
+        dx = self.matmul(fp16_parts(dy, self.split), self._weight_columns(weight.detach())) if need_x else None
+        dw = self.matmul(column_parts(dy, self.split), column_parts(x.detach(), self.split)) if need_weight else None
+        return dx, dw
+
+    def matmul(self, a: Operand, b: Operand) -> torch.Tensor:
+        """a·bᵀ in float32 for K-major float16 parts a (m × k) and b (n × k) with their rows' scales."""
+        p = self.params
+        (m, k), n = a[0].shape, b[0].shape[0]
+        out = torch.empty(m, n, device=a[0].device)
+        if m == 0 or n == 0:
+            return out
+        blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
+        gemm_kernels().gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
+            **loop_operands(a, b, self.split, blocks), out_ptr=out, M=m, N=n, K=k, BLOCK_M=p["block_m"],
+            BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE=self.mode, TMA=blocks is not None,
+            EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), num_warps=p["warps"], num_stages=p["stages"])
+        return out
+
+    def _weight_columns(self, weight: torch.Tensor) -> Operand:
+        """W's column parts (Wᵀ's rows: n_in × n_out), made again only when W changes (its version
+        counter moves on every in-place update, its pointer on reassignment)."""
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device)
+        columns = self._columns
+        if not columns or columns[0] != key:
+            columns = self._columns = (key, weight, column_parts(weight, self.split))
+        return columns[2]
+
+
+def column_parts(t: torch.Tensor, split: bool) -> Operand:
+    """(hi, lo, inverse scales) of tᵀ for a contiguous 2-D float32 ``t`` (rows × cols): float16
+    (cols × rows), scaled per column of t (``triton_gemm.fp16_col_parts``); lo is hi unless ``split``."""
+    rows, cols = t.shape
+    hi = torch.empty(cols, rows, device=t.device, dtype=torch.float16)
+    lo = torch.empty_like(hi) if split else hi
+    inv_scale = torch.empty(cols, device=t.device)
+    if cols:
+        block_r, block_c = COLUMN_BLOCK
+        gemm_kernels().fp16_col_parts[(-(-cols // block_c),)](t, hi, lo, inv_scale, rows, cols, SPLIT=split,
+                                                              BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+    return hi, lo, inv_scale

@@ -1,0 +1,108 @@
+"""The backward's two GEMMs on float16 parts (``triton_backward.Fp16Gemms``) against cuBLAS.
+
+    python3 tests/device/fp16_backward.py [--json PATH] [--rounds 5]
+
+At 1024×8192×8192 and 16384×4096×4096 (batch × in × out), with dy (batch × out) randn and x
+rand and randn: dx = dy·W and dW = dyᵀ·x through cuBLAS fp32 (TF32 off), cuBLAS TF32 (dW from a
+K-major dyᵀ, as the tf32 backward gets it), and Fp16Gemms split (fp32) and scaled (tf32) in the
+default triton configuration of each precision, W's column parts cached as in a training step
+whose optimizer did not run. Interleaved, L2 flushed, CUDA events; medians and the spread over
+rounds, ms; each result's relative L2 error against float64; the passes' share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from autofuse import triton_backward
+from autofuse.autograd import GemmGrad
+from autofuse.triton_host import fp16_parts
+from autofuse.triton_variant import DEFAULTS
+
+
+def timed(fns: dict, rounds: int, reps: int = 10) -> dict:
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples = []
+            for _ in range(reps):
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(start.elapsed_time(end))
+            times[name].append(statistics.median(samples))
+    return {name: [round(statistics.median(t), 4), round(min(t), 4), round(max(t), 4)] for name, t in times.items()}
+
+
+def rel(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((got.double() - exact).norm() / exact.norm())
+
+
+def cublas(dy, dy_t, x, w, tf32: bool):
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    dx = dy @ w
+    dw = (dy_t if tf32 else dy.t()) @ x
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return dx, dw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    for batch, n_in, n_out in ((1024, 8192, 8192), (16384, 4096, 4096)):
+        for dist in ("rand", "randn"):
+            torch.manual_seed(0)
+            x = torch.rand(batch, n_in, device="cuda") if dist == "rand" else torch.randn(batch, n_in, device="cuda")
+            w = torch.randn(n_out, n_in, device="cuda") / n_in ** 0.5
+            dy = torch.randn(batch, n_out, device="cuda")
+            dy_t = dy.t().contiguous()
+            split = triton_backward.Fp16Gemms(DEFAULTS["fp32"], split=True)
+            scaled = triton_backward.Fp16Gemms(DEFAULTS["tf32"], split=False)
+            grad = GemmGrad(dy, None, None)
+            fns = {
+                "cublas fp32": lambda: cublas(dy, dy_t, x, w, False),
+                "cublas tf32": lambda: cublas(dy, dy_t, x, w, True),
+                "fp16 split (fp32)": lambda: split(grad, x, w, "fp32", True, True),
+                "fp16 scaled (tf32)": lambda: scaled(grad, x, w, "tf32", True, True),
+            }
+            exact_dx, exact_dw = dy.double() @ w.double(), dy.double().t() @ x.double()
+            errors = {}
+            for name, fn in fns.items():
+                dx, dw = fn()
+                errors[name] = {"dx": rel(dx, exact_dx), "dW": rel(dw, exact_dw)}
+            row = {"shape": [batch, n_in, n_out], "x": dist, "errors": errors}
+            if dist == "randn":  # the times do not depend on the values
+                parts = {
+                    "dy row parts (split)": lambda: fp16_parts(dy, True),
+                    "dy column parts (split)": lambda: triton_backward.column_parts(dy, True),
+                    "x column parts (split)": lambda: triton_backward.column_parts(x, True),
+                    "W column parts (split; cached in a step)": lambda: triton_backward.column_parts(w, True),
+                }
+                a, b = fp16_parts(dy, True), split._weight_columns(w)
+                c, d = triton_backward.column_parts(dy, True), triton_backward.column_parts(x, True)
+                gemms = {"dx GEMM alone (split)": lambda: split.matmul(a, b),
+                         "dW GEMM alone (split)": lambda: split.matmul(c, d)}
+                row["ms [median, min, max]"] = timed({**fns, **parts, **gemms}, args.rounds)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,9 +25,11 @@ from autofuse.autograd import CUBLAS, CublasGemms, GemmGrad, GradLayouts
 from autofuse.triton_host import (Operand, fp16_parts, fused_kernels_apply, gemm_kernels, interpreting, launch_grid,
                                   loop_operands)
 
-# Rows × columns of src per program of ``fp16_col_parts``: 32 columns make 128-byte row segments
-# to read and 128 programs at 4096 columns, about one per SM of an H100.
+# Rows × columns of src per step of ``fp16_col_parts``: 32 columns make 128-byte row segments.
 COLUMN_BLOCK = (64, 32)
+# Rows per program of the column passes: at least 256, at most 64 chunks (their maxima are merged
+# in one tile), so 16384×4096 takes 128 × 64 programs and 1024×8192 256 × 4.
+MIN_CHUNK, MAX_CHUNKS = 256, 64
 
 
 class Fp16Gemms(CublasGemms):
@@ -58,9 +60,9 @@ class Fp16Gemms(CublasGemms):
         """a·bᵀ in float32 for K-major float16 parts a (m × k) and b (n × k) with their rows' scales."""
         p = self.params
         (m, k), n = a[0].shape, b[0].shape[0]
+        if m == 0 or n == 0 or k == 0:  # k = 0: an empty batch's dW, whose scales nobody wrote
+            return torch.zeros(m, n, device=a[0].device)
         out = torch.empty(m, n, device=a[0].device)
-        if m == 0 or n == 0:
-            return out
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
         gemm_kernels().gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
             **loop_operands(a, b, self.split, blocks), out_ptr=out, M=m, N=n, K=k, BLOCK_M=p["block_m"],
@@ -80,13 +82,21 @@ class Fp16Gemms(CublasGemms):
 
 def column_parts(t: torch.Tensor, split: bool) -> Operand:
     """(hi, lo, inverse scales) of tᵀ for a contiguous 2-D float32 ``t`` (rows × cols): float16
-    (cols × rows), scaled per column of t (``triton_gemm.fp16_col_parts``); lo is hi unless ``split``."""
+    (cols × rows), scaled per column of t (``triton_gemm.column_max``, then ``fp16_col_parts``);
+    lo is hi unless ``split``."""
     rows, cols = t.shape
     hi = torch.empty(cols, rows, device=t.device, dtype=torch.float16)
     lo = torch.empty_like(hi) if split else hi
     inv_scale = torch.empty(cols, device=t.device)
-    if cols:
+    if cols and rows:  # no rows: an empty contraction (``Fp16Gemms.matmul``)
         block_r, block_c = COLUMN_BLOCK
-        gemm_kernels().fp16_col_parts[(-(-cols // block_c),)](t, hi, lo, inv_scale, rows, cols, SPLIT=split,
-                                                              BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+        chunk = -(-max(MIN_CHUNK, -(-rows // MAX_CHUNKS)) // block_r) * block_r
+        chunks = -(-rows // chunk)
+        part_max = torch.empty(chunks, cols, device=t.device)
+        grid = (-(-cols // block_c), chunks)
+        kernels = gemm_kernels()
+        kernels.column_max[grid](t, part_max, rows, cols, chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
+        kernels.fp16_col_parts[grid](t, part_max, hi, lo, inv_scale, rows, cols, chunk, chunks, SPLIT=split,
+                                     BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_P=max(2, 1 << (chunks - 1).bit_length()),
+                                     num_warps=4)
     return hi, lo, inv_scale

@@ -1,18 +1,24 @@
-"""The backward's GEMMs on float16 tensor cores, for the triton variants whose forward runs there.
+"""The backward's GEMMs on float16 tensor cores, for the triton variants whose fp32 forward runs there.
 
-A triton variant on split_fp16 (fp32) or scaled_fp16 (tf32) multiplies x·Wᵀ on float16 parts of
-rows scaled by powers of two (``triton_gemm.fp16_row_parts``; README, "Precision"). Its backward
-multiplies the same way (``Fp16Gemms``), where cuBLAS would run dx = dy·W and dW = dyᵀ·x in
-float32 (2.7 ms each at 1024×8192² on an H100, against 0.70 for the forward's split) or TF32.
-Each GEMM takes K-major operands (``triton_gemm.tile_accumulator``) with scales outside the
-contraction, so the kernel undoes them exactly:
+A triton variant on split_fp16 (fp32) multiplies x·Wᵀ on float16 hi and lo parts of rows scaled by
+powers of two (``triton_gemm.fp16_row_parts``; README, "Precision"). Its backward multiplies the
+same way (``Fp16Gemms``), where cuBLAS fp32 took 5.43 ms for dx = dy·W and dW = dyᵀ·x at
+1024×8192² on an H100 (the split: 1.59) and 21.35 at 16384×4096² (7.52), as accurate or more
+(tests/device/fp16_backward.py). Each GEMM takes K-major operands
+(``triton_gemm.tile_accumulator``) with scales outside the contraction, so the kernel undoes them
+exactly:
 - dx = dy·W: dy's rows as they are (K = out features), and W's columns, scaled per column and
-  written transposed (``fp16_col_parts``), kept while the weight is unchanged (the forward's
-  own parts of W are kept likewise);
+  written transposed (``column_parts``), kept while the weight is unchanged (the forward's own
+  parts of W are kept likewise);
 - dW = dyᵀ·x: the columns of dy and of x (K = the batch), scaled per column, written transposed.
 The accuracy bounds of the forward's operands hold per row of dy and per column of W, dy and x.
 The tile configuration is the variant's own (its forward's tuned one); TMA where the
 contraction's float16 rows are 16-byte aligned, pointer loads otherwise.
+
+The tf32 variants (scaled_fp16: hi alone) keep cuBLAS's TF32. Their backward on float16 hi parts
+was 15% faster at 1024×8192² and no faster at 16384×4096², and its 11-bit products put 1 to 5 of
+gemm_bn's 780,000 eval weight-gradient elements at batch 37 past the tf32 gate's tolerance, where
+cuBLAS (which multiplies so short a contraction in float32) passed (tests/device/NOTES.md).
 """
 
 from __future__ import annotations
@@ -33,14 +39,12 @@ MIN_CHUNK, MAX_CHUNKS = 256, 64
 
 
 class Fp16Gemms(CublasGemms):
-    """dx and dW on float16 parts (``split``: hi and lo, "3xfp16"; else hi alone, "fp16"), in the
-    main-loop configuration ``params`` (a triton variant's). Where the kernels cannot take the
-    tensors (float64 under gradcheck, the CPU without the interpreter) cuBLAS multiplies."""
+    """dx and dW on float16 hi and lo parts ("3xfp16"), in the main-loop configuration ``params``
+    (a triton variant's). Where the kernels cannot take the tensors (float64 under gradcheck, the
+    CPU without the interpreter) cuBLAS multiplies."""
 
-    def __init__(self, params: dict[str, Any], split: bool):
+    def __init__(self, params: dict[str, Any]):
         self.params = params
-        self.split = split
-        self.mode = "3xfp16" if split else "fp16"
         self._columns: tuple = ()  # (key, weight, W's column parts): held, so the key's pointer stays W's
 
     def layouts(self, precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
@@ -52,8 +56,8 @@ class Fp16Gemms(CublasGemms):
         dy = grad.dy
         if dy is None or not fused_kernels_apply(dy, x.detach(), weight.detach()):
             return CUBLAS(grad, x, weight, precision, need_x, need_weight)
-        dx = self.matmul(fp16_parts(dy, self.split), self._weight_columns(weight.detach())) if need_x else None
-        dw = self.matmul(column_parts(dy, self.split), column_parts(x.detach(), self.split)) if need_weight else None
+        dx = self.matmul(fp16_parts(dy, True), self._weight_columns(weight.detach())) if need_x else None
+        dw = self.matmul(column_parts(dy, True), column_parts(x.detach(), True)) if need_weight else None
         return dx, dw
 
     def matmul(self, a: Operand, b: Operand) -> torch.Tensor:
@@ -65,8 +69,8 @@ class Fp16Gemms(CublasGemms):
         out = torch.empty(m, n, device=a[0].device)
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
         gemm_kernels().gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
-            **loop_operands(a, b, self.split, blocks), out_ptr=out, M=m, N=n, K=k, BLOCK_M=p["block_m"],
-            BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE=self.mode, TMA=blocks is not None,
+            **loop_operands(a, b, True, blocks), out_ptr=out, M=m, N=n, K=k, BLOCK_M=p["block_m"],
+            BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE="3xfp16", TMA=blocks is not None,
             EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), num_warps=p["warps"], num_stages=p["stages"])
         return out
 
@@ -76,7 +80,7 @@ class Fp16Gemms(CublasGemms):
         key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device)
         columns = self._columns
         if not columns or columns[0] != key:
-            columns = self._columns = (key, weight, column_parts(weight, self.split))
+            columns = self._columns = (key, weight, column_parts(weight, True))
         return columns[2]
 
 

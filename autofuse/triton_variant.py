@@ -179,13 +179,12 @@ def input_operands(x: torch.Tensor, operands: str) -> Operand:
 
 def backward_gemms_for(params: dict[str, Any], precision: str):
     """How a triton variant's backward multiplies (``autograd.CublasGemms``): on float16 parts as
-    its forward does where that runs on float16 tensor cores (``triton_backward.Fp16Gemms``),
-    else through cuBLAS at the precision."""
-    served, mode, _, _ = OPERANDS.get(params.get("operands"), (None, None, 0, 0))
-    if mode in ("3xfp16", "fp16") and served == precision:
+    its forward does under split_fp16 (``triton_backward.Fp16Gemms``), else through cuBLAS at the
+    precision (scaled_fp16's tf32 included: see triton_backward)."""
+    if params.get("operands") == "split_fp16" and precision == "fp32":
         from autofuse.triton_backward import Fp16Gemms
 
-        return Fp16Gemms(params, split=mode == "3xfp16")
+        return Fp16Gemms(params)
     return CUBLAS
 
 

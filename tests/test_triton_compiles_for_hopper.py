@@ -10,9 +10,8 @@ session), and a space that offers such configurations wastes tuning trials on th
 Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
 modules swapped for recorders, with and without a gradient needed (the kernels then also store
 what the backward reads); then the backward runs on the forward's (unwritten) outputs, its
-Triton passes admitted on the CPU, and its launches are recorded too (at fp32 and tf32 the
-GEMMs on float16 parts, ``triton_backward``, among them). Each recorded launch is
-compiled with the types Triton would give its arguments. Configurations: per precision, the
+Triton passes admitted on the CPU, and its launches are recorded too (at fp32 the GEMMs
+on float16 parts, ``triton_backward``, among them). Each recorded launch is compiled with the types Triton would give its arguments. Configurations: per precision, the
 tuner's first, and the largest-footprint configuration of each operand path, with and without
 TMA (the backward: the first; its kernels do not depend on the GEMM's).
 """
@@ -152,5 +151,5 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
         assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
     assert names, problem
-    if precision in ("fp32", "tf32"):  # the float16 paths (the first configuration) multiply on float16 parts
+    if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
         assert {"gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here

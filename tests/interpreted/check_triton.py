@@ -392,14 +392,14 @@ def _fp16_outliers() -> list[str]:
 
 
 def fp16_backward_gemms() -> list[str]:
-    """The backward's GEMMs on float16 parts (``triton_backward.Fp16Gemms``), both schedules:
+    """The fp32 backward's GEMMs on float16 parts (``triton_backward.Fp16Gemms``), both schedules:
 
     - a column's parts (``fp16_col_parts``, written transposed) equal, bit for bit, the row
       kernel's parts of the transposed copy, at sizes ending in partial blocks both ways and
       with several chunks of rows, with columns spread over 1e±20, an all-zero and a denormal column;
     - dx = dy·W and dW = dyᵀ·x against float64 at batch 1 and odd sizes, rand and large inputs:
-      split (fp32) within 4x a float32 matmul's error or 2⁻²² (the split keeps 22 bits: at batch
-      1 dW is an outer product, one rounded product per element), scaled (tf32) within 2⁻¹⁰;
+      within 4x a float32 matmul's error or 2⁻²² (the split keeps 22 bits: at batch 1 dW is an
+      outer product, one rounded product per element);
     - W's column parts are made again after an in-place update of W (its version moves).
     """
     from autofuse import triton_backward, triton_host
@@ -416,23 +416,22 @@ def fp16_backward_gemms() -> list[str]:
             want = triton_host.fp16_parts(t.t().contiguous(), split)
             if not all(torch.equal(g, w) for g, w in zip(got, want)):
                 failures.append(f"fp16_col_parts {(rows, cols)} split={split}: differs from the row parts of tᵀ")
-    for config, split in itertools.product(CONFIGS, (True, False)):
-        gemms = triton_backward.Fp16Gemms(CONFIGS[config], split=split)
+    for config in CONFIGS:
+        gemms = triton_backward.Fp16Gemms(CONFIGS[config])
         for (m, n, k), spread in itertools.product(((1, 37, 53), (37, 40, 33), (48, 19, 70)), (1.0, 1e4)):
             dy = torch.randn(m, n, generator=generator) * spread
             x = torch.rand(m, k, generator=generator) * spread
             w = torch.randn(n, k, generator=generator) / k ** 0.5
-            dx, dw = gemms(autograd.GemmGrad(dy, None, None), x, w, "fp32" if split else "tf32", True, True)
+            dx, dw = gemms(autograd.GemmGrad(dy, None, None), x, w, "fp32", True, True)
             for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
                 exact = a.double() @ b.double()
                 error = ((got.double() - exact).norm() / exact.norm()).item()
                 floor = ((a @ b).double() - exact).norm().item() / exact.norm().item()
-                bound = max(4 * floor, 2.0 ** -22) if split else 2.0 ** -10
-                print("fp16 backward", config, "split" if split else "scaled", (m, n, k), spread, name,
-                      f"{error:.3g} (bound {bound:.3g})", flush=True)
+                bound = max(4 * floor, 2.0 ** -22)
+                print("fp16 backward", config, (m, n, k), spread, name, f"{error:.3g} (bound {bound:.3g})", flush=True)
                 if not error <= bound:
-                    failures.append(f"{name} {config} split={split} {(m, n, k)} x{spread}: {error:.3g} > {bound:.3g}")
-    gemms = triton_backward.Fp16Gemms(CONFIGS["persistent-pointers"], split=True)
+                    failures.append(f"{name} {config} {(m, n, k)} x{spread}: {error:.3g} > {bound:.3g}")
+    gemms = triton_backward.Fp16Gemms(CONFIGS["persistent-pointers"])
     w = torch.randn(24, 40, generator=generator)
     dy = torch.randn(5, 24, generator=generator)
     gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w, "fp32", True, False)

@@ -2,7 +2,8 @@
 for ``compute-sanitizer --tool memcheck python3 tests/device/sanitize_triton.py [problem ...]``.
 
 Shapes: K = 1000 (TMA, a K tail no BLOCK_K divides) and K = 1004 (pointer loads only), partial
-row and column tiles, batch 1 where the mode allows it (training BatchNorm needs 2).
+row and column tiles, batch 1 where the mode allows it (training BatchNorm needs 2), and batch 16
+with 80 columns: the fp32 backward's GEMMs contract over those (``triton_backward``), by TMA there.
 """
 
 import sys
@@ -19,7 +20,7 @@ problems = sys.argv[1:] or ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gem
 for name in problems:
     prob = registry.get_problem(name)
     cls = registry.get_variant(name, "triton")
-    for sizes in ((3, 1000, 77), (1, 1004, 53)):
+    for sizes in ((3, 1000, 77), (1, 1004, 53), (16, 1000, 80)):
         shape = dict(zip(prob.dims, sizes))
         for mode in ("train", "eval") if prob.mode_sensitive else ("train",):
             if mode == "train" and prob.mode_sensitive and sizes[0] < 2:

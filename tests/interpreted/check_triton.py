@@ -68,7 +68,7 @@ def backward_kernels() -> list[str]:
     ones against the formula from the logits, bfloat16 ones against the same formula); and
     gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
     then gemm_bn's per-column coefficients from either z."""
-    from autofuse import triton_variant
+    from autofuse import triton_host
     from autofuse.autograd import GradLayouts
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
@@ -79,7 +79,7 @@ def backward_kernels() -> list[str]:
 
     def torch_formula(run):
         """``run()`` with every backward's Triton path switched off (its torch formula instead)."""
-        saved = triton_variant.fused_kernels_apply
+        saved = triton_host.fused_kernels_apply
         for module in (g99, g22, gbn):
             module.fused_kernels_apply = lambda *t, **kwargs: False
         try:

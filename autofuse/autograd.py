@@ -7,8 +7,9 @@ problem's backward needs (``saved``). ``fused_call`` runs it plainly when no gra
 needed (no autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The
 backward is the problem's (``variants/<problem>/gradients.py``): the epilogue's backward
 fused into one pass, which writes ∂L/∂y in the layouts the GEMMs after it want and the bias
-gradient's partial sums (``GradLayouts``), then the GEMMs of the backward through cuBLAS at the
-forward's precision (``backward_gemms``). A forward that cannot cheaply save an intermediate
+gradient's partial sums (``GradLayouts``), then the GEMMs of the backward through the variant's
+``gemms``: cuBLAS at the forward's precision (``CublasGemms``), or, for a triton variant whose
+fp32 forward runs on float16 parts, the same parts (``triton_backward.Fp16Gemms``). A forward that cannot cheaply save an intermediate
 saves None in its place and the backward recomputes it (the SIMT CUDA kernels never store the
 logits).
 

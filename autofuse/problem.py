@@ -238,6 +238,13 @@ class Problem:
         rounding noise at a reduced precision."""
         return self.gradients_well_conditioned(case.shape, mode)
 
+    def rows_on_a_kink(self, model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor | None:
+        """Rows of ``x`` (a bool each) whose exact gradient jumps within ``precision``'s rounding of
+        the forward: an element at a clamp's bound, where any implementation accurate to
+        ``precision`` may land on either side. The gradient check gives those rows a zero
+        cotangent, so it compares what is defined; None (the default): no such row."""
+        return None
+
     def invariant_parameters(self, mode: str) -> frozenset[str]:
         """Parameters the output does not depend on (up to rounding) in ``mode``: their exact
         gradient is ~0, so its relative error is noise; gradient checks only require it finite."""

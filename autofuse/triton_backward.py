@@ -2,9 +2,9 @@
 
 A triton variant on split_fp16 (fp32) multiplies x·Wᵀ on float16 hi and lo parts of rows scaled by
 powers of two (``triton_gemm.fp16_row_parts``; README, "Precision"). Its backward multiplies the
-same way (``Fp16Gemms``), where cuBLAS fp32 took 5.43 ms for dx = dy·W and dW = dyᵀ·x at
-1024×8192² on an H100 (the split: 1.59) and 21.35 at 16384×4096² (7.52), as accurate or more
-(tests/device/fp16_backward.py). Each GEMM takes K-major operands
+same way (``Fp16Gemms``), where cuBLAS fp32 took 5.44 ms for dx = dy·W and dW = dyᵀ·x at
+1024×8192² on an H100 (the split: 1.52) and 21.53 at 16384×4096² (6.78), with 4-7x less
+error (tests/device/fp16_backward.py; log 2026-11-24d-5). Each GEMM takes K-major operands
 (``triton_gemm.tile_accumulator``) with scales outside the contraction, so the kernel undoes them
 exactly:
 - dx = dy·W: dy's rows as they are (K = out features), and W's columns, scaled per column and

@@ -267,6 +267,9 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     tol = problem.tolerance(variant.precision)
     generator = torch.Generator().manual_seed(prepared.case.seed + 7)
     cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
+    kinked = problem.rows_on_a_kink(prepared.model, prepared.x, variant.precision)
+    if kinked is not None:
+        cotangent[kinked.to(cotangent.device)] = 0.0  # their gradient is either side's (``rows_on_a_kink``)
 
     def grads(run, model, dtype):
         # The backward under the precision's math mode too, as a user training at that precision

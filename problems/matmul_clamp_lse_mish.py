@@ -45,6 +45,25 @@ class MatmulClampLseMish(Problem):
             return False
         return super().gradient_check_applies(case, mode, precision)
 
+    def rows_on_a_kink(self, model, x, precision):
+        # The clamp's derivative drops from 1 to 0 at each bound. Seed 8 of the default shape
+        # (randn, randomized) has one logit of 8.4M 2.6e-6 under 10; a forward accurate to 2.8e-7
+        # put it above, zeroing its softmax weight: that row's input gradient moved 12%, 0.28%
+        # over all of x, 87x the fp32 bound (tests/device/logs/2026-11-24d-8-*). Rows with a logit
+        # within fp32's relative tolerance of a bound (1e-4 at ±10) are left out: 41-55 of the
+        # default shape's 1024 rows under randn (seeds 1-4 and 8; 622 among seed 8's), 12 under
+        # large, none under rand. At tf32 and bf16 the floor, eager at that precision, flips its
+        # own share of elements, and the bound, a multiple of its error, already follows them.
+        if precision not in ("fp32", "ieee"):
+            return None
+        linear = self.linear_of(model)
+        with torch.no_grad():
+            logits = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+            logits *= 2 * model.scale_factor
+        margin = self.tolerance(precision).rel_l2 * max(abs(model.clamp_min), abs(model.clamp_max), 1.0)
+        near = ((logits - model.clamp_min).abs() <= margin) | ((logits - model.clamp_max).abs() <= margin)
+        return near.any(dim=1)
+
     def init_args(self, shape):
         return (shape["input_size"], shape["hidden_size"], 2.0, -10.0, 10.0), {}
 

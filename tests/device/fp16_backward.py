@@ -1,45 +1,35 @@
 """The fp32 backward's two GEMMs on float16 parts (``triton_backward.Fp16Gemms``) against cuBLAS.
 
-    python3 tests/device/fp16_backward.py [--json PATH] [--rounds 5]
+    python3 tests/device/fp16_backward.py [--json PATH] [--rounds 10]
 
 At 1024×8192×8192 and 16384×4096×4096 (batch × in × out), with dy (batch × out) randn and x
 rand and randn: dx = dy·W and dW = dyᵀ·x through cuBLAS fp32 (TF32 off), cuBLAS TF32 (dW from a
 K-major dyᵀ, as the tf32 backward gets it) and Fp16Gemms in the default fp32 triton
 configuration, W's column parts cached as in a training step whose optimizer did not run. (The
-first version also ran a tf32 Fp16Gemms on hi parts alone: log 2026-11-24d-3.) Interleaved, L2 flushed, CUDA events; medians and the spread over
-rounds, ms; each result's relative L2 error against float64; the passes' share.
+first version also ran a tf32 Fp16Gemms on hi parts alone: log 2026-11-24d-3.) Timed by
+``autofuse.timing.time_interleaved`` (L2 flushed): median and p20-p80, ms (logs 2026-11-24d-3 and
+d-5 give the median, min and max of per-round medians, from the script's own first timer); each
+result's relative L2 error against float64; the passes' share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
 from autofuse import triton_backward
 from autofuse.autograd import GemmGrad
+from autofuse.timing import time_interleaved
 from autofuse.triton_host import fp16_parts
 from autofuse.triton_variant import DEFAULTS
 
 
-def timed(fns: dict, rounds: int, reps: int = 10) -> dict:
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples = []
-            for _ in range(reps):
-                flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(start.elapsed_time(end))
-            times[name].append(statistics.median(samples))
-    return {name: [round(statistics.median(t), 4), round(min(t), 4), round(max(t), 4)] for name, t in times.items()}
+def timed(fns: dict, rounds: int) -> dict:
+    """``autofuse.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
+    return {name: [round(t.median_ms, 4), round(t.p20_ms, 4), round(t.p80_ms, 4)]
+            for name, t in time_interleaved(fns, "cuda", rounds=rounds).items()}
 
 
 def rel(got: torch.Tensor, exact: torch.Tensor) -> float:
@@ -57,7 +47,7 @@ def cublas(dy, dy_t, x, w, tf32: bool):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -93,7 +83,7 @@ def main() -> int:
                 c, d = triton_backward.column_parts(dy, True), triton_backward.column_parts(x, True)
                 gemms = {"dx GEMM alone (split)": lambda: split.matmul(a, b),
                          "dW GEMM alone (split)": lambda: split.matmul(c, d)}
-                row["ms [median, min, max]"] = timed({**fns, **parts, **gemms}, args.rounds)
+                row["ms [median, p20, p80]"] = timed({**fns, **parts, **gemms}, args.rounds)
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.json:

@@ -2,22 +2,24 @@
 
     python3 tests/device/probe_cublas_fast_bf16.py [--json PATH]
 
-``cublasGemmEx`` on float32 A, B and C with ``CUBLAS_COMPUTE_32F_FAST_16BF`` lets cuBLAS convert
-the operands to bfloat16 itself. If it converts them as it loads them, x's cast (9-17% of the bf16
-GEMM, the margin the bf16 cells of issue 11 miss by) costs nothing. Timed interleaved (L2 flushed,
-CUDA events, medians of rounds) beside the bf16 GEMM on pre-cast operands (the floor), x's cast plus
-that GEMM, and FAST_TF32; with the relative L2 error of each against float64, the kernels each one
-launches (torch.profiler), at 1024×8192×8192 and 16384×4096×4096.
+``cublasGemmEx`` on float32 A, B and C with ``CUBLAS_COMPUTE_32F_FAST_16BF`` lets cuBLAS convert the
+operands to bfloat16 itself. If it converts them as it loads them, x's cast (9-17% of the bf16 GEMM,
+the margin the bf16 cells of issue 11 miss by) costs nothing. Timed interleaved (L2 flushed,
+``autofuse.timing``; log 2026-11-24d-2 gives median, min and max of per-round medians) beside the
+bf16 GEMM on pre-cast operands (the floor), x's cast plus that GEMM, and FAST_TF32; with the
+relative L2 error of each against float64, the kernels each one launches (torch.profiler), at
+1024×8192×8192 and 16384×4096×4096.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 from torch.utils.cpp_extension import load_inline
+
+from autofuse.timing import time_interleaved
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -43,22 +45,10 @@ torch::Tensor mm_fast(torch::Tensor a, torch::Tensor b, int64_t mode) {
 """
 
 
-def timed(fns: dict, rounds: int, reps: int) -> dict:
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples = []
-            for _ in range(reps):
-                flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(start.elapsed_time(end))
-            times[name].append(statistics.median(samples))
-    return {name: [round(statistics.median(t), 4), round(min(t), 4), round(max(t), 4)] for name, t in times.items()}
+def timed(fns: dict, rounds: int) -> dict:
+    """``autofuse.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
+    return {name: [round(t.median_ms, 4), round(t.p20_ms, 4), round(t.p80_ms, 4)]
+            for name, t in time_interleaved(fns, "cuda", rounds=rounds).items()}
 
 
 def kernels_of(fn) -> list[str]:
@@ -77,7 +67,7 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args()
     ext = load_inline("probe_fast_bf16", cpp_sources="torch::Tensor mm_fast(torch::Tensor a, torch::Tensor b, int64_t mode);", cuda_sources=SOURCE, functions=["mm_fast"],
                       extra_ldflags=["-lcublas"], verbose=False)
@@ -101,7 +91,7 @@ def main() -> int:
         for name, fn in fns.items():
             out = fn()
             errors[name] = {"vs float64": rel(out, ref), "vs bf16-rounded operands": rel(out, ref_bf16)}
-        row = {"shape": [m, k, n], "ms [median, min, max]": timed(fns, args.rounds, 10), "errors": errors,
+        row = {"shape": [m, k, n], "ms [median, p20, p80]": timed(fns, args.rounds), "errors": errors,
                "kernels": {name: kernels_of(fn) for name, fn in fns.items()}}
         print(json.dumps(row, indent=1), flush=True)
         results.append(row)

@@ -1,17 +1,17 @@
 """Autograd for fused variants: the fused forward saves what its backward needs, nothing more.
 
 Every fused variant (cuBLAS + epilogue, the CUDA families, the Triton family, 51's row
-kernels) follows one pattern. Its forward is a function of the input and of the model
-tensors that may need gradients (``inputs``); it returns the output and the tensors its
-problem's backward needs (``saved``). ``fused_call`` runs it plainly when no gradient is
-needed (no autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The
-backward is the problem's (``variants/<problem>/gradients.py``): the epilogue's backward
-fused into one pass, which writes ∂L/∂y in the layouts the GEMMs after it want and the bias
-gradient's partial sums (``GradLayouts``), then the GEMMs of the backward through the variant's
-``gemms``: cuBLAS at the forward's precision (``CublasGemms``), or, for a triton variant whose
-fp32 forward runs on float16 parts, the same parts (``triton_backward.Fp16Gemms``). A forward that cannot cheaply save an intermediate
-saves None in its place and the backward recomputes it (the SIMT CUDA kernels never store the
-logits).
+kernels) follows one pattern. Its forward is a function of the input and of the model tensors
+that may need gradients (``inputs``); it returns the output and the tensors its problem's
+backward needs (``saved``). ``fused_call`` runs it plainly when no gradient is needed (no
+autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The backward is the
+problem's (``variants/<problem>/gradients.py``): the epilogue's backward fused into one pass,
+which writes ∂L/∂y in the layouts the GEMMs after it want and the bias gradient's partial sums
+(``GradLayouts``), then the GEMMs of the backward through the variant's ``gemms``: cuBLAS at
+the forward's precision (``CublasGemms``), or, for a triton variant whose fp32 forward runs on
+float16 parts, the same parts (``triton_backward.Fp16Gemms``). A forward that cannot cheaply
+save an intermediate saves None in its place and the backward recomputes it (the SIMT CUDA
+kernels never store the logits).
 
 The backward runs when the caller's ``loss.backward()`` runs, outside the variant's
 ``math_mode``: precision is re-established here, so a tf32 forward has a tf32 backward and an

@@ -9,11 +9,12 @@ session), and a space that offers such configurations wastes tuning trials on th
 
 Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
 modules swapped for recorders, with and without a gradient needed (the kernels then also store
-what the backward reads); then the backward runs on the forward's (unwritten) outputs, its
-Triton passes admitted on the CPU, and its launches are recorded too (at fp32 the GEMMs
-on float16 parts, ``triton_backward``, among them). Each recorded launch is compiled with the types Triton would give its arguments. Configurations: per precision, the
-tuner's first, and the largest-footprint configuration of each operand path, with and without
-TMA (the backward: the first; its kernels do not depend on the GEMM's).
+what the backward reads); then the backward runs on the forward's (unwritten) outputs, its Triton
+passes admitted on the CPU, and its launches are recorded too (at fp32 the GEMMs on float16 parts,
+``triton_backward``, among them). Each recorded launch is compiled with the types Triton would
+give its arguments. Configurations: per precision, the tuner's first, and the largest-footprint
+configuration of each operand path, with and without TMA (the backward: the first; its kernels do
+not depend on the GEMM's).
 """
 
 import importlib

@@ -36,6 +36,10 @@ persistent, each program walking tiles ``num_programs`` apart.
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or
   converting a float32 x tile of 64 columns to bfloat16 there, gave wrong sums (errors of 1e-5 to
   5e-2 and NaN where the interpreter and the host-side splits are exact; tests/device/NOTES.md).
+- The fp32 backward (``triton_backward.Fp16Gemms``) multiplies with ``gemm``, the main loop with
+  a plain float32 store for an epilogue, on the float16 parts of dy's rows (``fp16_row_parts``)
+  and of the columns of W, dy and x (``column_max`` over chunks of rows, then ``fp16_col_parts``,
+  which merges the chunks' maxima and writes the parts transposed, K-major).
 - Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bfloat16 blocks wrongly
   (numpy sees their raw bits), so under it (INTERPRET) bf16 operands are multiplied as float32:
   the same products, float32 sums. It multiplies float32 blocks exactly, so under it TF32

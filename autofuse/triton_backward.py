@@ -30,6 +30,7 @@ import torch
 from autofuse.autograd import CUBLAS, CublasGemms, GemmGrad, GradLayouts
 from autofuse.triton_host import (Operand, fp16_parts, fused_kernels_apply, gemm_kernels, interpreting, launch_grid,
                                   loop_operands)
+from autofuse.variant import FoldCache
 
 # Rows × columns of src per step of ``fp16_col_parts``: 32 columns make 128-byte row segments.
 COLUMN_BLOCK = (64, 32)
@@ -45,7 +46,7 @@ class Fp16Gemms(CublasGemms):
 
     def __init__(self, params: dict[str, Any]):
         self.params = params
-        self._columns: tuple = ()  # (key, weight, W's column parts): held, so the key's pointer stays W's
+        self._columns = FoldCache()  # W's column parts
 
     def layouts(self, precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
         # dy's rows serve both GEMMs: the column parts read them, so no dyᵀ.
@@ -75,13 +76,8 @@ class Fp16Gemms(CublasGemms):
         return out
 
     def _weight_columns(self, weight: torch.Tensor) -> Operand:
-        """W's column parts (Wᵀ's rows: n_in × n_out), made again only when W changes (its version
-        counter moves on every in-place update, its pointer on reassignment)."""
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device)
-        columns = self._columns
-        if not columns or columns[0] != key:
-            columns = self._columns = (key, weight, column_parts(weight, True))
-        return columns[2]
+        """W's column parts (Wᵀ's rows: n_in × n_out), made again only when W changes."""
+        return self._columns.get([weight], lambda: column_parts(weight, True))
 
 
 def column_parts(t: torch.Tensor, split: bool) -> Operand:

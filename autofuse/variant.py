@@ -183,8 +183,10 @@ class FoldCache:
 
     A tensor's ``_version`` counter moves on every in-place update (optimizer steps,
     ``load_state_dict``, ``p.add_``) and its data pointer on reassignment, so the pair
-    detects every change without comparing contents. Under autograd the value is
-    computed fresh each call so gradients flow to the parameters.
+    detects every change without comparing contents. The key names the data, not the Python
+    object: a view or ``detach()`` of a parameter (which shares its version counter) finds
+    the parameter's value. Under autograd the value is computed fresh each call so gradients
+    flow to the parameters.
     """
 
     def __init__(self):
@@ -196,11 +198,11 @@ class FoldCache:
         """``compute()``, reused while ``tensors`` are unchanged and ``extra`` (plain values) is equal."""
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return compute()
-        key = extra + tuple((id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors)
+        key = extra + tuple((t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         if key != self._key:
             with torch.no_grad():
                 self._value = compute()
-            # Holding the tensors keeps their ids from being reused by new ones.
+            # Holding the tensors keeps their memory, so no other tensor's data can take its address.
             self._tensors, self._key = tuple(tensors), key
         return self._value
 

@@ -196,6 +196,16 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
 
 
 @triton.jit
+def fp16_scale(largest):
+    """(s, 1/s) for a largest |value| (a float32 scalar or block): s = 2^e puts it in [2¹⁴, 2¹⁵),
+    |e| ≤ 126 so both stay normal. The row and column passes share it, so their parts agree bit
+    for bit (``fp16_row_parts`` says why these bounds)."""
+    biased = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF  # the exponent, 127-biased
+    e = tl.minimum(tl.maximum(14 - (biased - 127), -126), 126)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True), ((127 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """One row of a float32 operand (K long, contiguous) per program, for the fp16 modes: s = 2^e
     puts the row's largest |value| in [2¹⁴, 2¹⁵), hi = float16(v·s) rounded to nearest (even),
@@ -216,10 +226,8 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     for k in range(0, K, BLOCK):
         v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < K, other=0.0)
         largest = tl.maximum(largest, tl.abs(v))
-    biased = (tl.max(largest).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the exponent, 127-biased
-    e = tl.minimum(tl.maximum(14 - (biased - 127), -126), 126)
-    s = ((e + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(inv_scale_ptr + row, ((127 - e) << 23).to(tl.float32, bitcast=True))
+    s, inv_s = fp16_scale(tl.max(largest))
+    tl.store(inv_scale_ptr + row, inv_s)
     for k in range(0, K, BLOCK):
         ok = k + offsets < K
         v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
@@ -261,11 +269,9 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
     chunks = tl.arange(0, BLOCK_P)
     parts = tl.load(part_ptr + chunks[:, None] * C + cols[None, :], mask=(chunks < CHUNKS)[:, None] & col_ok[None, :],
                     other=0.0)
-    biased = (tl.max(parts, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
-    e = tl.minimum(tl.maximum(14 - (biased - 127), -126), 126)
-    s = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    s, inv_s = fp16_scale(tl.max(parts, axis=0))
     if tl.program_id(1) == 0:
-        tl.store(inv_scale_ptr + cols, ((127 - e) << 23).to(tl.float32, bitcast=True), mask=col_ok)
+        tl.store(inv_scale_ptr + cols, inv_s, mask=col_ok)
     first = tl.program_id(1) * CHUNK
     rows = tl.arange(0, BLOCK_R)
     for r in range(first, tl.minimum(first + CHUNK, R), BLOCK_R):

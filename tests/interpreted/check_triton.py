@@ -400,7 +400,8 @@ def fp16_backward_gemms() -> list[str]:
     - dx = dy·W and dW = dyᵀ·x against float64 at batch 1 and odd sizes, rand and large inputs:
       within 4x a float32 matmul's error or 2⁻²² (the split keeps 22 bits: at batch 1 dW is an
       outer product, one rounded product per element);
-    - W's column parts are made again after an in-place update of W (its version moves).
+    - W's column parts are made once for an unchanged W, detached anew each call, and again after
+      an in-place update of W (its version moves).
     """
     from autofuse import triton_backward, triton_host
 
@@ -434,7 +435,15 @@ def fp16_backward_gemms() -> list[str]:
     gemms = triton_backward.Fp16Gemms(CONFIGS["persistent-pointers"])
     w = torch.randn(24, 40, generator=generator)
     dy = torch.randn(5, 24, generator=generator)
-    gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w, "fp32", True, False)
+    made, column_parts = [], triton_backward.column_parts
+    triton_backward.column_parts = lambda t, split: made.append(t.shape) or column_parts(t, split)
+    try:  # a backward gets a fresh detach() of W each step: the parts are still W's
+        for _ in range(2):
+            gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w.detach(), "fp32", True, False)
+    finally:
+        triton_backward.column_parts = column_parts
+    if len(made) != 1:
+        failures.append(f"Fp16Gemms made W's column parts {len(made)} times for an unchanged W")
     w.mul_(2.0)
     dx, _ = gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w, "fp32", True, False)
     if not torch.allclose(dx, dy @ w, rtol=1e-5, atol=1e-5):

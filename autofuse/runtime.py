@@ -11,8 +11,9 @@ at the requested precision, else one tuned at a stricter precision or the neares
 
 Grad need is ``torch.is_grad_enabled() and (x.requires_grad or a parameter requires grad)``:
 under ``no_grad()`` or ``inference_mode()`` the key is the no-grad one. A call in grad mode
-that nothing will differentiate cannot be told apart, so it gets the autograd entry (a variant
-whose forward saves what its backward needs). The parameters are not walked per call: their
+gets the autograd entry (a variant whose forward saves what its backward needs) until
+``grad_mode.SWITCH_AFTER`` calls in a row have had no backward; then the no-grad entry, with a
+node that recomputes if a backward comes after all (``autofuse.grad_mode``). The parameters are not walked per call: their
 tuple is cached and taken again after ``_apply`` (``.to()``, ``.cuda()``) or after any
 parameter or submodule is assigned anywhere (torch's global registration hooks bump a
 counter); only their ``requires_grad`` flags are read, and only in grad mode.
@@ -29,6 +30,7 @@ from torch import nn
 from autofuse import background, registry
 from autofuse.dispatch import Found, candidates, passed_over_before
 from autofuse.errors import TableError
+from autofuse.grad_mode import SWITCH_AFTER, GradModeCall
 from autofuse.precision import check_dtype, check_precision, dtype_name, parse_dtype
 from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.variant import EagerVariant, check_params
@@ -122,14 +124,23 @@ def _apply_and_forget(self, fn, *args, **kwargs):
 def _dispatch_info(self, x) -> dict:
     """Which variant a call with ``x`` dispatches to, and why (resolving it if needed): ``variant``,
     ``params``, ``source`` ("tuned", "tuned at fp32", "nearest batch (...)", "no entry: reference",
-    ...), ``precision`` (the one it runs at), ``entry``, and with tune-on-miss ``tune_on_miss``."""
+    ...), ``precision`` (the one it runs at), ``entry``, and with tune-on-miss ``tune_on_miss``.
+    In grad mode these describe the autograd entry, and ``without_backward`` says what serves
+    once ``grad_mode.SWITCH_AFTER`` calls in a row had no backward: ``since_backward`` (calls
+    so far), ``switch_after``, and the no-grad entry's ``variant`` and ``source``."""
     dispatcher = self._autofuse
     key = dispatcher.call_key(self, x)
-    if key not in dispatcher.ready:
-        dispatcher.resolve(self, x, key)
+    call = dispatcher.ready.get(key)
+    if call is None:
+        call = dispatcher.resolve(self, x, key)
     info = dict(dispatcher.info[key])
     if key in dispatcher.tunes:
         info["tune_on_miss"] = dispatcher.tunes[key].status
+    if isinstance(call, GradModeCall):
+        call.no_grad_call(self, x)
+        free = dispatcher.info[call.no_grad_key]
+        info["without_backward"] = {"since_backward": call.since_backward, "switch_after": SWITCH_AFTER,
+                                    "variant": free["variant"], "source": free["source"]}
     return info
 
 
@@ -178,12 +189,19 @@ class Dispatcher:
 
     # -- the call key -----------------------------------------------------------
     def parameters_need_grad(self, model) -> bool:
-        if self._params_seen != _registrations[0]:
-            self._params_seen, self._params = _registrations[0], tuple(model.parameters())
-        for p in self._params:
+        for p in self._parameters(model):
             if p.requires_grad:
                 return True
         return False
+
+    def grad_parameters(self, model) -> tuple:
+        """The parameters that require grad, from the same cached tuple."""
+        return tuple(p for p in self._parameters(model) if p.requires_grad)
+
+    def _parameters(self, model) -> tuple:
+        if self._params_seen != _registrations[0]:
+            self._params_seen, self._params = _registrations[0], tuple(model.parameters())
+        return self._params
 
     def call_key(self, model, x) -> tuple:
         """The hot path's key, for any ``x`` (a non-tensor gives one that never matches)."""
@@ -209,6 +227,7 @@ class Dispatcher:
             self._say(f"no shape of {self.problem.name} describes a call with input {tuple(x.shape)} on a model "
                       f"built from {self.init_args}; running the reference")
         call, info = self.choose(self._load(), shape, dkey, x.device)
+        call = self._bound(key, call)
         self.info[key], self.ready[key] = info, call
         if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
             self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
@@ -266,6 +285,11 @@ class Dispatcher:
                       f"cannot be used ({exc}); trying the next entry or the reference")
             return None
 
+    def _bound(self, key: tuple, call):
+        """What a call with ``key`` runs: ``call``, or for a grad-mode key a ``GradModeCall``
+        around it (the no-grad entry once backwards stop coming)."""
+        return GradModeCall(self, call, key) if key[3] else call
+
     def _reference(self, how: str) -> tuple:
         return EagerVariant(self.precision), {"variant": "eager", "params": {}, "source": how,
                                               "precision": self.precision, "entry": None}
@@ -284,7 +308,7 @@ class Dispatcher:
                 old = self.info.get(item.key)
                 if item.epoch != self.epoch or old is None or _same(old, info):
                     continue
-                self.info[item.key], self.ready[item.key] = info, call
+                self.info[item.key], self.ready[item.key] = info, self._bound(item.key, call)
             self._say(f"{self.problem.name} {shape_key(item.shape)} ({item.dkey.to_str()}) now runs "
                       f"{info['variant']} ({info['source']}), tuned in the background")
 

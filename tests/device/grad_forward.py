@@ -5,6 +5,9 @@
 For each problem, the ModelNew that `autofuse export --kernelbench` writes (built as KernelBench's
 harness builds it, ``kernelbench_harness.build``), called with grad mode on and under no_grad:
 - the harness's time per call (CUDA events around one call, L2 thrashed before it);
+- which variant serves: with grad on, the autograd entry for the first calls and, once
+  ``autofuse.grad_mode.SWITCH_AFTER`` calls have had no backward (the harness never runs one),
+  the no-grad entry ("without_backward");
 - the host's time per call: from the call until it returns, the GPU idle before it (a
   synchronize), so the Python and launch overhead a synchronised harness sees on top of the kernels;
 - each kernel's device time per call (torch.profiler), so an extra kernel or a slower one shows;
@@ -114,8 +117,10 @@ def main() -> int:
         for grad in (True, False):
             with torch.set_grad_enabled(grad):
                 events = harness.time_calls(model_new, inputs, 20, "cuda")
-                line = {"problem": problem, "grad": grad, "precision": args.precision,
-                        "dispatch": model_new.dispatch_info(inputs[0])["variant"],
+                info = model_new.dispatch_info(inputs[0])
+                line = {"problem": problem, "grad": grad, "precision": args.precision, "dispatch": info["variant"],
+                        # grad mode, after grad_mode.SWITCH_AFTER calls without a backward: the no-grad entry
+                        "without_backward": info.get("without_backward", {}).get("variant"),
                         "harness_ms": round(statistics.median(events), 4), "host_ms": round(host_ms(model_new, inputs), 4),
                         "reference_host_ms": round(host_ms(model, inputs), 4), "kernels": kernels(model_new, inputs)}
             print(json.dumps(line), flush=True)

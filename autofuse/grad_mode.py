@@ -1,0 +1,102 @@
+"""Grad-mode calls that no backward follows: inference without ``no_grad`` at the no-grad speed.
+
+A call in grad mode, with parameters that require grad, looks the same whether a backward will
+come (training) or not (an evaluation loop that forgot ``no_grad``, KernelBench's harness). The
+autograd entry's forward saves what its backward needs, which only a backward repays: 22's kernel
+stores its logits (0.6873 against 0.6654 ms at fp32 on an H100), 99's its pre-GELU logits, and
+51's autograd entry is a slower kernel than its no-grad one (69x eager in the harness against
+107x; tests/device/NOTES.md, fourteenth session).
+
+So the dispatcher binds each grad-mode key to a ``GradModeCall``. While backwards come, it runs
+the autograd entry. Once ``SWITCH_AFTER`` calls in a row have had no backward through their
+output, it runs the no-grad entry and records a node that saves only the input and the
+parameters. Such a node's backward, if one does come, runs the autograd entry's forward again and
+differentiates that (activation checkpointing's recipe). So the gradients are the autograd
+entry's, bit for bit; the price is one more forward, paid once. The backward also switches the
+key back. The model's buffers are put back after that second forward, so a training-mode
+BatchNorm updates its running statistics once per call, as the reference does.
+
+Where a key has no autograd entry (only the no-grad key was tuned), the first calls run the
+reference and the rest the no-grad entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+SWITCH_AFTER = 3  # grad-mode calls in a row without a backward before the no-grad entry serves
+
+
+class GradModeCall:
+    """The callable bound to one grad-mode call key (``runtime.Dispatcher``): ``saving`` (the
+    autograd entry's variant) while backwards come, the no-grad key's once they stop."""
+
+    def __init__(self, dispatcher, saving, key: tuple):
+        self.dispatcher, self.saving = dispatcher, saving
+        self.no_grad_key = (*key[:3], False, *key[4:])
+        self.since_backward = 0  # calls since the last backward through an output of this key
+
+    def __call__(self, model, x):
+        if self.since_backward < SWITCH_AFTER:
+            self.since_backward += 1
+            out = self.saving(model, x)
+            if out.requires_grad:
+                out.register_hook(self._backward_came)
+            return out
+        return self._without_saving(model, x)
+
+    def _backward_came(self, grad):
+        self.since_backward = 0  # returns None: the gradient passes unchanged
+
+    def no_grad_call(self, model, x):
+        dispatcher = self.dispatcher
+        call = dispatcher.ready.get(self.no_grad_key)
+        return call if call is not None else dispatcher.resolve(model, x, self.no_grad_key)
+
+    def _without_saving(self, model, x):
+        call = self.no_grad_call(model, x)
+        with torch.no_grad():  # queued before the node's host time, as autograd.fused_call does
+            out = call(model, x)
+        return Recompute.apply(self, model, (out,), x, *self.dispatcher.grad_parameters(model))
+
+
+class Recompute(torch.autograd.Function):
+    """The node of a forward that saved nothing: its backward runs ``call.saving`` again."""
+
+    @staticmethod
+    def forward(ctx, call: GradModeCall, model, result: tuple, x, *params):
+        ctx.call, ctx.model = call, model
+        ctx.save_for_backward(x, *params)  # the version counters: an in-place change raises, as eager's
+        return result[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        call, model = ctx.call, ctx.model
+        call.since_backward = 0
+        x, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]
+        create_graph = torch.is_grad_enabled()  # on here only under backward(create_graph=True)
+        with torch.enable_grad(), _buffers_kept(model):
+            x_again = x.detach().requires_grad_(needs[0])
+            out = call.saving(model, x_again)
+            wanted = [t for t, need in zip((x_again, *params), needs) if need]
+            grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True, create_graph=create_graph))
+        return (None, None, None, *(next(grads) if need else None for need in needs))
+
+
+@contextlib.contextmanager
+def _buffers_kept(model):
+    """The model's buffers as they were, after the block: a training-mode forward run again for a
+    backward must not update BatchNorm's running statistics a second time."""
+    kept = [(b, b.clone()) for b in model.buffers()] if model.training else []
+    try:
+        yield
+    finally:
+        # Through .data, so the version counters do not move: BatchNorm's nodes save the running
+        # statistics (version-checked, though training mode's gradient does not read them), and
+        # BatchNorm's own update leaves the counter alone. A bumped counter failed every earlier
+        # call's backward with "modified by an inplace operation".
+        for buffer, value in kept:
+            buffer.data.copy_(value)

@@ -21,7 +21,8 @@ then the procedure of KernelBench's `eval_kernel_against_ref` (ScalingIntelligen
    each with 3 warm-up calls (a synchronize after each), torch.cuda.empty_cache(), then 1 discarded
    and N timed trials: synchronize, thrash the L2 by filling a 256 MB int64 tensor, CUDA events
    around the one call, synchronize. The harness leaves grad mode ON here and the parameters
-   require grad, so each ModelNew call takes the dispatch's autograd=true entry. Speedup = the
+   require grad, so ModelNew's calls take the dispatch's autograd=true entry until three in a row
+   had no backward, and its no-grad entry after that (``autofuse.grad_mode``). Speedup = the
    mean of Model's times over the mean of ModelNew's (the harness rounds them to 3 digits; not here).
 
 Tolerance: KernelBench v0 and v0.1 compared at atol = rtol = 1e-2 (`--tolerance`, default); the

@@ -3,9 +3,9 @@
 A call in grad mode, with parameters that require grad, looks the same whether a backward will
 come (training) or not (an evaluation loop that forgot ``no_grad``, KernelBench's harness). The
 autograd entry's forward saves what its backward needs, which only a backward repays: 22's kernel
-stores its logits (0.6873 against 0.6654 ms at fp32 on an H100), 99's its pre-GELU logits, and
-51's autograd entry is a slower kernel than its no-grad one (69x eager in the harness against
-107x; tests/device/NOTES.md, fourteenth session).
+stores its logits (a forward of 0.7245 against 0.7013 ms at fp32 on an H100), gemm_bn eval's its
+pre-BatchNorm values (1.1182 against 0.9657 at tf32), and 51's autograd entry is a slower kernel
+than its no-grad one (tests/device/NOTES.md, fifteenth session).
 
 So the dispatcher binds each grad-mode key to a ``GradModeCall``. While backwards come, it runs
 the autograd entry. Once ``SWITCH_AFTER`` calls in a row have had no backward through their
@@ -13,8 +13,9 @@ output, it runs the no-grad entry and records a node that saves only the input a
 parameters. Such a node's backward, if one does come, runs the autograd entry's forward again and
 differentiates that (activation checkpointing's recipe). So the gradients are the autograd
 entry's, bit for bit; the price is one more forward, paid once. The backward also switches the
-key back. The model's buffers are put back after that second forward, so a training-mode
-BatchNorm updates its running statistics once per call, as the reference does.
+key back. That second forward runs in the first one's train/eval mode, and the model's buffers
+are put back after it, so a training-mode BatchNorm updates its running statistics once per call,
+as the reference does.
 
 Where a key has no autograd entry (only the no-grad key was tuned), the first calls run the
 reference and the rest the no-grad entry.
@@ -78,7 +79,7 @@ class Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: GradModeCall, model, result: tuple, x, *params):
-        ctx.call, ctx.model = call, model
+        ctx.call, ctx.model, ctx.training = call, model, model.training
         ctx.save_for_backward(x, *params)  # the version counters: an in-place change raises, as eager's
         return result[0]
 
@@ -89,7 +90,7 @@ class Recompute(torch.autograd.Function):
         x, *params = ctx.saved_tensors
         needs = ctx.needs_input_grad[3:]
         create_graph = torch.is_grad_enabled()  # on here only under backward(create_graph=True)
-        with torch.enable_grad(), _buffers_kept(model):
+        with torch.enable_grad(), _as_in_the_forward(model, ctx.training), _buffers_kept(model):
             x_again = x.detach().requires_grad_(needs[0])
             out = call.saving(model, x_again)
             wanted = [t for t, need in zip((x_again, *params), needs) if need]
@@ -99,6 +100,22 @@ class Recompute(torch.autograd.Function):
 
 # torch._C._FunctionBase.apply, which Function.apply calls after its functorch unwrapping.
 _apply_recompute = super(torch.autograd.Function, Recompute).apply
+
+
+@contextlib.contextmanager
+def _as_in_the_forward(model, training: bool):
+    """The model in the forward's train/eval mode for the block: the backward differentiates the
+    call that was made, even after a ``model.eval()`` in between (eager's graph would)."""
+    if model.training == training:
+        yield
+        return
+    flags = [(m, m.training) for m in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, flag in flags:
+            module.training = flag
 
 
 @contextlib.contextmanager

@@ -13,10 +13,11 @@ Grad need is ``torch.is_grad_enabled() and (x.requires_grad or a parameter requi
 under ``no_grad()`` or ``inference_mode()`` the key is the no-grad one. A call in grad mode
 gets the autograd entry (a variant whose forward saves what its backward needs) until
 ``grad_mode.SWITCH_AFTER`` calls in a row have had no backward; then the no-grad entry, with a
-node that recomputes if a backward comes after all (``autofuse.grad_mode``). The parameters are not walked per call: their
-tuple is cached and taken again after ``_apply`` (``.to()``, ``.cuda()``) or after any
-parameter or submodule is assigned anywhere (torch's global registration hooks bump a
-counter); only their ``requires_grad`` flags are read, and only in grad mode.
+node that recomputes if a backward comes after all (``autofuse.grad_mode``). The parameters
+are not walked per call: their tuple is cached and taken again after ``_apply`` (``.to()``,
+``.cuda()``) or after any parameter or submodule is assigned anywhere (torch's global
+registration hooks bump a counter); only their ``requires_grad`` flags are read, and only in
+grad mode.
 """
 
 from __future__ import annotations

@@ -131,6 +131,26 @@ def test_running_statistics_move_once_per_call_whatever_serves_it(autograd_entry
         assert_close(module.get_buffer(name), buf, atol=1e-6, rtol=1e-5, what=name)
 
 
+@pytest.mark.parametrize("autograd_entry", ["simplified", None])  # None: the reference, which reads model.training
+def test_a_backward_after_eval_differentiates_the_training_mode_call_that_was_made(autograd_entry):
+    _, module = tuned_pair("gemm_bn", "train", autograd_entry)
+    fresh = twin(module)
+    x = torch.randn(B, IN)
+    for _ in range(SWITCH_AFTER):
+        module(x)
+    out, want = module(x), fresh(x)  # the switched call, and the autograd entry's, in training mode
+    module.eval()  # BatchNorm now normalizes by its running statistics: not the call that was made
+    module.gemm.train(True)  # and a mixed state, which the backward must leave as it was
+    fresh.eval()
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g)
+    for (name, p), q in zip(module.named_parameters(), fresh.parameters()):
+        if q.grad is not None:
+            assert_close(p.grad, q.grad, atol=0, rtol=0, what=f"{name}'s gradient")
+    assert [m.training for m in module.modules()] == [False, True, False]
+
+
 def test_a_parameter_changed_in_place_before_the_backward_raises_as_in_eager():
     _, module = tuned_pair("matmul_gelu_softmax", "train")
     x = torch.randn(B, IN)

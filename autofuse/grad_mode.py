@@ -24,6 +24,7 @@ reference and the rest the no-grad entry.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -35,9 +36,15 @@ class GradModeCall:
     autograd entry's variant) while backwards come, the no-grad key's once they stop."""
 
     def __init__(self, dispatcher, saving, key: tuple):
-        self.dispatcher, self.saving = dispatcher, saving
+        # Weakly: the dispatcher holds this call in its ready dict, and a cycle would keep a
+        # deleted module's variants (and their cached weight copies on the GPU) until a collection.
+        self._dispatcher, self.saving = weakref.ref(dispatcher), saving
         self.no_grad_key = (*key[:3], False, *key[4:])
         self.since_backward = 0  # calls since the last backward through an output of this key
+
+    @property
+    def dispatcher(self):
+        return self._dispatcher()
 
     def __call__(self, model, x):
         if self.since_backward < SWITCH_AFTER:

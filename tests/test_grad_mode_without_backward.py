@@ -5,6 +5,9 @@ one's forwards says which served a call. The gradients after the switch must be 
 entry's bit for bit, and BatchNorm's running statistics must move once per call.
 """
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -171,3 +174,19 @@ def test_a_grad_mode_key_without_an_autograd_entry_gets_the_no_grad_one_after_th
     info = module.dispatch_info(x)
     assert (info["source"], info["without_backward"]["variant"]) == ("no entry: reference", "simplified")
     assert counted["matmul_clamp_lse_mish"]["simplified"] == 2
+
+
+def test_a_deleted_module_frees_its_dispatcher_without_a_garbage_collection():
+    # The dispatcher's variants may hold cached weight copies on the GPU (a bfloat16 W, W's float16
+    # parts): they must go with the module, not at the next cyclic collection.
+    _, module = tuned_pair("matmul_gelu_softmax", "train")
+    x = torch.randn(B, IN)
+    for _ in range(SWITCH_AFTER + 1):
+        module(x)  # both keys resolved: the grad-mode call and the no-grad one
+    dispatcher = weakref.ref(module._autofuse)
+    gc.disable()
+    try:
+        del module
+        assert dispatcher() is None
+    finally:
+        gc.enable()

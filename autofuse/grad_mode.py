@@ -59,9 +59,7 @@ class GradModeCall:
         self.since_backward = 0  # returns None: the gradient passes unchanged
 
     def no_grad_call(self, model, x):
-        dispatcher = self.dispatcher
-        call = dispatcher.ready.get(self.no_grad_key)
-        return call if call is not None else dispatcher.resolve(model, x, self.no_grad_key)
+        return self.dispatcher.call_for(model, x, self.no_grad_key)
 
     def _without_saving(self, model, x):
         # The host's time counts here: KernelBench's harness synchronizes around each call, and at

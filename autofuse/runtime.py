@@ -131,9 +131,7 @@ def _dispatch_info(self, x) -> dict:
     so far), ``switch_after``, and the no-grad entry's ``variant`` and ``source``."""
     dispatcher = self._autofuse
     key = dispatcher.call_key(self, x)
-    call = dispatcher.ready.get(key)
-    if call is None:
-        call = dispatcher.resolve(self, x, key)
+    call = dispatcher.call_for(self, x, key)
     info = dict(dispatcher.info[key])
     if key in dispatcher.tunes:
         info["tune_on_miss"] = dispatcher.tunes[key].status
@@ -218,6 +216,12 @@ class Dispatcher:
             self._params_seen = -1
 
     # -- resolving a key -----------------------------------------------------------
+    def call_for(self, model, x, key) -> object:
+        """The callable ready for ``key``, resolved first if it is not (the hot path,
+        ``_dispatch_forward``, does the same inline)."""
+        call = self.ready.get(key)
+        return call if call is not None else self.resolve(model, x, key)
+
     def resolve(self, model, x, key) -> object:
         self.problem.check_input(model, x)
         key = key if key is not None else self.call_key(model, x)

@@ -7,6 +7,7 @@ import pathlib
 
 import torch
 
+import autofuse
 from autofuse import plugins, registry
 from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
 
@@ -52,6 +53,12 @@ def sizes(problem, batch, n_in, n_out):
 def init_args(problem, batch, n_in, n_out):
     args, kwargs = registry.get_problem(problem).init_args(sizes(problem, batch, n_in, n_out))
     return args, kwargs
+
+
+def module_for(problem, batch=SMALL[0], n_in=SMALL[1], n_out=SMALL[2], **kwargs):
+    """``autofuse.get_module`` of ``problem`` at (batch, n_in, n_out), ``kwargs`` passed on."""
+    args, init_kwargs = init_args(problem, batch, n_in, n_out)
+    return autofuse.get_module(problem, *args, **init_kwargs, **kwargs)
 
 
 def kernelbench_model(problem, batch, n_in, n_out, seed=0, mode="train"):

@@ -11,17 +11,11 @@ import weakref
 import pytest
 import torch
 
-import autofuse
 from autofuse import registry
 from autofuse.grad_mode import SWITCH_AFTER
-from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, record, twin
+from helpers import PROBLEMS, SMALL, assert_close, kernelbench_model, module_for, record, twin
 
 B, IN, OUT = SMALL
-
-
-def module_for(problem):
-    args, kwargs = init_args(problem, B, IN, OUT)
-    return autofuse.get_module(problem, *args, **kwargs)
 
 
 def mode_of(problem, mode):

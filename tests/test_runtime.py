@@ -9,14 +9,9 @@ import torch
 import autofuse
 from autofuse import registry
 from autofuse.table import DispatchTable
-from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, record
+from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, module_for, record
 
 B, IN, OUT = SMALL
-
-
-def module_for(problem, batch=B, n_in=IN, n_out=OUT, **kwargs):
-    args, init_kwargs = init_args(problem, batch, n_in, n_out)
-    return autofuse.get_module(problem, *args, **init_kwargs, **kwargs)
 
 
 def loaded_pair(problem, mode="train"):

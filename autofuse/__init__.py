@@ -20,18 +20,18 @@ __all__ = [
 
 def __getattr__(name):
     if name in ("Problem", "Tolerance"):
-        from autofuse import problem
+        from autofuse.core import problem
         return getattr(problem, name)
     if name == "Variant":
-        from autofuse.variant import Variant
+        from autofuse.core.variant import Variant
         return Variant
     if name == "tune":
-        from autofuse.tuner import tune
+        from autofuse.tune.tuner import tune
         return tune
     if name == "get_module":
-        from autofuse.runtime import get_module
+        from autofuse.serve.runtime import get_module
         return get_module
     if name in ("list_problems", "list_variants"):
-        from autofuse import listing
+        from autofuse.core import listing
         return getattr(listing, name)
     raise AttributeError(f"module 'autofuse' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import sys
 from tabulate import tabulate
 
 from autofuse.errors import AutofuseError
-from autofuse.table import PRECISIONS  # torch-free: `autofuse --help` stays fast
+from autofuse.serve.table import PRECISIONS  # torch-free: `autofuse --help` stays fast
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _shape_arg(text: str) -> dict:
-    from autofuse.table import parse_shape_key
+    from autofuse.serve.table import parse_shape_key
 
     try:
         return parse_shape_key(text)
@@ -109,8 +109,8 @@ def _shape_arg(text: str) -> dict:
 
 
 def _list(args) -> None:
-    from autofuse.listing import list_problems, list_variants
-    from autofuse.registry import get_problem
+    from autofuse.core.listing import list_problems, list_variants
+    from autofuse.core.registry import get_problem
 
     names = [get_problem(args.problem).name] if args.problem else [p["name"] for p in list_problems()]
     for problem in list_problems():
@@ -128,7 +128,7 @@ def _list(args) -> None:
 
 
 def _tune(args) -> None:
-    from autofuse.tuner import tune
+    from autofuse.tune.tuner import tune
 
     results = tune(args.problem, args.shape, device=args.device, dtype=args.dtype, precision=args.precision,
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
@@ -140,7 +140,7 @@ def _tune(args) -> None:
 
 
 def _print_result(result) -> None:
-    from autofuse.table import fingerprint_key, shape_key
+    from autofuse.serve.table import fingerprint_key, shape_key
 
     print(f"\n{result.problem} {shape_key(result.shape)} on {fingerprint_key(result.fingerprint)} ({result.key.to_str()})")
     eager = next((r.timing.median_ms for r in result.rows if r.variant == "eager" and r.ok), None)
@@ -177,9 +177,9 @@ def _params(params: dict) -> str:
 def _bench(args) -> None:
     import pathlib
 
-    from autofuse.bench import bench, markdown, save
-    from autofuse.listing import list_problems
-    from autofuse.registry import get_problem
+    from autofuse.bench.run import bench, markdown, save
+    from autofuse.core.listing import list_problems
+    from autofuse.core.registry import get_problem
 
     if args.from_out:
         return _bench_markdown_from_out(args)
@@ -208,7 +208,7 @@ def _bench(args) -> None:
 def _bench_markdown_from_out(args) -> None:
     import pathlib
 
-    from autofuse.bench import ANALYSIS_FILE, load, markdown
+    from autofuse.bench.run import ANALYSIS_FILE, load, markdown
 
     if not args.markdown:
         raise AutofuseError("--from-out writes a Markdown report: name it with --markdown FILE")
@@ -227,7 +227,7 @@ def _bench_markdown_from_out(args) -> None:
 
 
 def _print_bench(report) -> None:
-    from autofuse.table import shape_key
+    from autofuse.serve.table import shape_key
 
     step = "" if report.step == "forward" else f" {report.step}"
     print(f"\n{report.problem} {shape_key(report.shape)} {report.precision} {report.mode}{step} on {report.device.get('name')}")
@@ -240,13 +240,13 @@ def _print_bench(report) -> None:
 
 
 def _report(args) -> None:
-    from autofuse.report import write_report
+    from autofuse.report.page import write_report
 
     print(f"wrote {write_report(args.table, args.out, args.studies)}")
 
 
 def _show(args) -> None:
-    from autofuse.table import DispatchKey, DispatchTable
+    from autofuse.serve.table import DispatchKey, DispatchTable
 
     table = DispatchTable(args.table)
     rows = []
@@ -264,7 +264,7 @@ def _show(args) -> None:
 
 
 def _export(args) -> None:
-    from autofuse.export import export_kernelbench
+    from autofuse.kernelbench.export import export_kernelbench
 
     command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else None
     lines = export_kernelbench(args.problem, args.kernelbench, table=args.table, precision=args.precision, command=command)

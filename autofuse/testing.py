@@ -18,9 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofuse import registry
-from autofuse.problem import CONFORMANCE_SIZES as CONFORMANCE_SHAPES  # noqa: F401 - kept importable
-from autofuse.verify import CheckCase, check_variant
+from autofuse.core import registry
+from autofuse.core.problem import CONFORMANCE_SIZES as CONFORMANCE_SHAPES  # noqa: F401 - kept importable
+from autofuse.tune.gate import CheckCase, check_variant
+
 DISTRIBUTIONS = (("rand", False), ("randn", True), ("large", True))
 
 

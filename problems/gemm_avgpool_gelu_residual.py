@@ -10,8 +10,8 @@ removes ``mean(subtract)``. GELU is the exact erf form.
 import torch
 from torch import nn
 
+from autofuse.core.problem import Problem, Tolerance
 from autofuse.hookspecs import hookimpl
-from autofuse.problem import Problem, Tolerance
 
 
 class Model(nn.Module):

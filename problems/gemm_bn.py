@@ -11,8 +11,8 @@ import math
 import torch
 from torch import nn
 
+from autofuse.core.problem import Problem, Tolerance
 from autofuse.hookspecs import hookimpl
-from autofuse.problem import Problem, Tolerance
 
 
 class Model(nn.Module):

@@ -9,8 +9,8 @@ with a clamp of ±1000: a logsumexp without its max subtracted then overflows.
 import torch
 from torch import nn
 
+from autofuse.core.problem import Problem, Tolerance
 from autofuse.hookspecs import hookimpl
-from autofuse.problem import Problem, Tolerance
 
 
 class Model(nn.Module):

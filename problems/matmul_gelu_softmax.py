@@ -5,11 +5,11 @@ maximum subtracted: "large" check inputs give logits in the hundreds, past float
 exp() overflow at ~88.7.
 """
 
-from torch import nn
 import torch
+from torch import nn
 
+from autofuse.core.problem import Problem, Tolerance
 from autofuse.hookspecs import hookimpl
-from autofuse.problem import Problem, Tolerance
 
 
 class Model(nn.Module):

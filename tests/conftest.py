@@ -48,7 +48,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 @pytest.fixture
 def no_file_problems(monkeypatch):
     """The test starts and ends with no KernelBench file registered in this process."""
-    from autofuse import kernelbench, plugins
+    from autofuse.core import plugins
+    from autofuse.kernelbench import problem as kernelbench
 
     monkeypatch.setenv(kernelbench.ENV, "")
     kernelbench.forget()

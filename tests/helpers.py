@@ -8,8 +8,8 @@ import pathlib
 import torch
 
 import autofuse
-from autofuse import plugins, registry
-from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
+from autofuse.core import plugins, registry
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
 
 # (batch, in, out) small enough that a whole file runs in seconds on two CPU cores.
 SMALL = (8, 12, 10)

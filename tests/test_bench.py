@@ -6,8 +6,8 @@ import re
 import pytest
 
 import autofuse
-from autofuse.bench import BF16_COPY, FLOOR, bench, load, markdown, save
-from autofuse.bench_targets import FORWARD, TRAINING, Target, target_for
+from autofuse.bench.run import BF16_COPY, FLOOR, bench, load, markdown, save
+from autofuse.bench.targets import FORWARD, TRAINING, Target, target_for
 from autofuse.cli import main
 
 SMALL = {"batch_size": 12, "in_features": 48, "out_features": 40}
@@ -35,7 +35,7 @@ def test_bench_measures_baselines_variants_dispatch_and_floor(tmp_path):
 
 
 def test_an_incorrect_variant_is_reported_not_timed(tmp_path, monkeypatch):
-    from autofuse import registry
+    from autofuse.core import registry
 
     simplified = registry.get_variant("matmul_gelu_softmax", "simplified")
     monkeypatch.setattr(simplified, "forward", lambda self, model, x: model.linear(x) * 0)
@@ -90,20 +90,20 @@ def test_bf16_bench_shows_the_input_cast_and_the_verdict_against_the_target(tmp_
     (1.0, Target(1.10, "torch.compile"), {"torch.compile": 1.0}, "missed by 10.0% (1.00x torch.compile); 0.00% slower than torch.compile"),
     (None, 1.10, {}, "-"), (1.2, None, {}, "-")])
 def test_verdict_says_by_how_much_a_target_is_missed(ratio, target, behind, verdict):
-    from autofuse.bench_report import _verdict
+    from autofuse.bench.report import _verdict
 
     assert _verdict(ratio, target, behind) == verdict
 
 
 def _row(name, role, ms):
-    from autofuse.bench_report import BenchRow
-    from autofuse.timing import Timing
+    from autofuse.bench.report import BenchRow
+    from autofuse.tune.timing import Timing
 
     return BenchRow(name, role, {}, Timing(ms, ms, ms, 3))
 
 
 def test_the_verdict_names_every_baseline_not_beaten_and_the_summary_shows_each_over_the_floor():
-    from autofuse.bench_report import BenchReport, _summary
+    from autofuse.bench.report import BenchReport, _summary
 
     report = BenchReport("matmul_gelu_softmax", {"batch_size": 4}, "tf32", "any", {}, [
         _row("eager", "baseline", 1.2), _row("torch.compile", "baseline", 1.0),
@@ -120,7 +120,7 @@ def test_the_verdict_names_every_baseline_not_beaten_and_the_summary_shows_each_
 
 
 def test_a_step_report_without_the_row_its_target_compares_with_says_so():
-    from autofuse.bench_report import BenchReport, _summary
+    from autofuse.bench.report import BenchReport, _summary
 
     report = BenchReport("gemm_bn", {"batch_size": 1024}, "tf32", "train", {}, [
         _row("eager", "baseline", 1.2), _row("torch.compile max-autotune", "baseline", 0.99),
@@ -189,7 +189,7 @@ def test_forward_and_backward_reports_round_trip_through_save_load_and_markdown(
 
 def test_the_training_step_gates_variants_with_gradients(tmp_path, monkeypatch):
     """A variant right in the forward but wrong in the backward is timed forward, refused forward+backward."""
-    from autofuse import registry
+    from autofuse.core import registry
 
     simplified = registry.get_variant("matmul_gelu_softmax", "simplified")
     right = simplified.forward

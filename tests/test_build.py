@@ -15,9 +15,9 @@ import time
 import filelock
 import pytest
 
-from autofuse import build as build_mod
-from autofuse.build import KernelBuild, build, build_many, cache_dir, check_status, load_library
 from autofuse.errors import BuildError, InputError
+from autofuse.kernels import build as build_mod
+from autofuse.kernels.build import KernelBuild, build, build_many, cache_dir, check_status, load_library
 
 SCALE_CU = textwrap.dedent("""\
     #include "autofuse.cuh"

@@ -10,16 +10,17 @@ import pathlib
 
 import pytest
 import torch
-
-from autofuse import evaluate, plugins, registry
-from autofuse.cli import main
-from autofuse.export import export_kernelbench
-from autofuse.outcome import Outcome, TrialResult
-from autofuse.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
-from autofuse.testing import assert_variant_conforms
-from autofuse.worker import Candidate, Job
 from helpers import PROBLEMS, assert_close
 from test_kernelbench import kernelbench_eval
+
+from autofuse.cli import main
+from autofuse.core import plugins, registry
+from autofuse.kernelbench.export import export_kernelbench
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
+from autofuse.testing import assert_variant_conforms
+from autofuse.tune import evaluate
+from autofuse.tune.outcome import Outcome, TrialResult
+from autofuse.tune.worker import Candidate, Job
 
 GEMM = pathlib.Path(__file__).parent / "kernelbench" / "gemm_sigmoid_sum.py"  # KernelBench 2-56, small sizes
 DEFAULT = {"mode": "default", "dynamic": False}

@@ -1,10 +1,10 @@
 """Every registered variant of every problem through the conformance kit, on CPU (and CUDA if present)."""
 
 import pytest
-
-from autofuse import registry
-from autofuse.testing import assert_variant_conforms, parametrize_variants
 from conftest import DEVICES
+
+from autofuse.core import registry
+from autofuse.testing import assert_variant_conforms, parametrize_variants
 
 
 @parametrize_variants()

@@ -7,11 +7,12 @@ configuration at an odd shape; cuda_templated also builds a representative sprea
 import pathlib
 
 import pytest
-
-from autofuse import gemm_space, registry
-from autofuse.build import BuildError, build_many
-from autofuse.cuda_variant import CudaVariant
 from helpers import PROBLEMS
+
+from autofuse.core import registry
+from autofuse.kernels import gemm_space
+from autofuse.kernels.build import BuildError, build_many
+from autofuse.kernels.cuda_variant import CudaVariant
 
 ROOT = pathlib.Path(__file__).parents[1]
 ODD = (37, 1000, 777)

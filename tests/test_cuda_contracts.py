@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from autofuse import InputError, registry
-from autofuse.cuda_variant import CudaVariant, input_operand, operand
+from autofuse import InputError
+from autofuse.core import registry
+from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
 
 
 def test_input_contract_names_expected_and_got():
@@ -49,7 +50,7 @@ def fake_cuda(monkeypatch):
     """torch.cuda's device and stream as the launch path reads them, with no GPU."""
     import contextlib
 
-    from autofuse import build
+    from autofuse.kernels import build
 
     current = [0]
     guards = []
@@ -89,7 +90,7 @@ def test_a_launch_runs_on_its_device_and_stream_and_guards_only_another_device(f
 
 
 def test_a_launch_that_returns_an_error_status_raises_naming_it(fake_cuda, monkeypatch):
-    from autofuse import build
+    from autofuse.kernels import build
 
     def check_status(lib, status, what):  # the real one asks the library for the error's name
         raise RuntimeError(f"{what}: CUDA error {status}")

@@ -10,12 +10,14 @@ import time
 
 import optuna
 import pytest
+from helpers import use_test_plugins
 
 import autofuse
-from autofuse import parallel, plugins, shared
-from autofuse.storage import masked, open_storage
-from autofuse.table import DispatchTable
-from helpers import use_test_plugins
+from autofuse.core import plugins
+from autofuse.serve.table import DispatchTable
+from autofuse.tune import parallel
+from autofuse.tune import shared_study as shared
+from autofuse.tune.storage import masked, open_storage
 
 PROBLEM = "matmul_gelu_softmax"
 VARIANTS = "eager,simplified,knobs"  # only these: an installed plugin's variants would add configurations

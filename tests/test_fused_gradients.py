@@ -1,6 +1,6 @@
 """The fused variants' backward rules (variants/<problem>/gradients.py), checked on the CPU.
 
-Each rule runs through ``autofuse.autograd.fused_call`` (its ``FusedFunction``) behind the
+Each rule runs through ``autofuse.kernels.autograd.fused_call`` (its ``FusedFunction``) behind the
 problem's forward written in torch (``torch_forward``): ``torch.autograd.gradcheck`` in float64
 checks the rule against finite differences, and a comparison with the reference model's own
 autograd checks the cases finite differences cannot see (clamped logits, a recomputed
@@ -11,13 +11,21 @@ checks their gradients on the GPU.
 import pytest
 import torch
 import torch.nn.functional as F
-
-from autofuse.autograd import FusedOp, GemmGrad, GradLayouts, backward_gemms, fused_call, grad_layouts, needs_grad
 from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 from autofuse.variants.gemm_bn import gradients as gbn
 from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
 from autofuse.variants.matmul_gelu_softmax import gradients as g99
 from helpers import assert_close
+
+from autofuse.kernels.autograd import (
+    FusedOp,
+    GemmGrad,
+    GradLayouts,
+    backward_gemms,
+    fused_call,
+    grad_layouts,
+    needs_grad,
+)
 
 F64 = torch.float64
 SHAPES = [(1, 5, 3), (7, 6, 5)]  # batch 1 and odd sizes

@@ -6,16 +6,16 @@ right-looking answers no caller could drop in (float64, transposed storage, anot
 cache, ...), each saying why. The right answers (eager, simplified) pass the same gate.
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
+from helpers import use_test_plugins
 
 import autofuse
-from autofuse import plugins, registry
-from autofuse.outcome import Outcome
-from autofuse.variant import FoldCache, Variant
-from autofuse.verify import check_cases, check_variant
-from helpers import use_test_plugins
+from autofuse.core import plugins, registry
+from autofuse.core.variant import FoldCache, Variant
+from autofuse.tune.gate import check_cases, check_variant
+from autofuse.tune.outcome import Outcome
 
 SHAPE = {"batch_size": 64, "in_features": 256, "out_features": 192}
 

@@ -8,8 +8,8 @@ computed once per problem, shape and mode and shared by the variants.
 import pytest
 import torch
 
-from autofuse import registry
-from autofuse.verify import check_cases, check_variant
+from autofuse.core import registry
+from autofuse.tune.gate import check_cases, check_variant
 
 CASES = [(p, i, mode) for p in sorted(registry.problems())
          for i in range(len(registry.get_problem(p).default_shapes))

@@ -1,4 +1,4 @@
-"""Grad-mode calls that no backward follows run the no-grad entry (autofuse.grad_mode, issue 13.4).
+"""Grad-mode calls that no backward follows run the no-grad entry (autofuse.serve.grad_mode, issue 13.4).
 
 The autograd entry is ``simplified`` and the no-grad entry ``eager`` here, so a count of each
 one's forwards says which served a call. The gradients after the switch must be the autograd
@@ -10,10 +10,10 @@ import weakref
 
 import pytest
 import torch
-
-from autofuse import registry
-from autofuse.grad_mode import SWITCH_AFTER
 from helpers import PROBLEMS, SMALL, assert_close, kernelbench_model, module_for, record, twin
+
+from autofuse.core import registry
+from autofuse.serve.grad_mode import SWITCH_AFTER
 
 B, IN, OUT = SMALL
 

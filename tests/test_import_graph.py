@@ -1,9 +1,12 @@
-"""The modules of autofuse import one way: problem → variant → worker → gate → timer → study →
-table → runtime, with no module importing one that imports it back.
+"""The modules of autofuse import one way, with no module importing one that imports it back,
+and the packages in layers: ``core`` (problems, variants, plugins) and ``kernels`` (what compiled
+variants share) import nothing from ``tune``, ``serve``, ``bench``, ``report`` or the CLI.
 
 Every ``import`` counts, at the top of a module or inside a function: a lazy import is still
-an edge a reader has to follow. ``autofuse/__init__.py`` is the node ``__init__``; importing a
-name from the package that is not a submodule (``from autofuse import hookimpl``) is an edge to it.
+an edge a reader has to follow. Modules are named by their dotted path under ``autofuse``
+(``tune.gate``); ``autofuse/__init__.py`` is ``__init__`` and a package's is its name
+(``tune``); importing a name from a package that is not a submodule (``from autofuse import
+hookimpl``) is an edge to that package.
 """
 
 import ast
@@ -12,34 +15,54 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "autofuse"
+ABOVE_CORE = {"tune", "serve", "bench", "report", "cli", "runtime"}
+
+
+def _module_name(path: pathlib.Path, package: pathlib.Path) -> str:
+    parts = path.relative_to(package).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) or "__init__"
 
 
 def _target(dotted: str, modules: set[str]) -> str | None:
-    """The autofuse module that ``import <dotted>`` loads, or None outside autofuse."""
+    """The autofuse module that ``import <dotted>`` loads (the longest known prefix), or None."""
     parts = dotted.split(".")
     if parts[0] != "autofuse":
         return None
-    return parts[1] if len(parts) > 1 and parts[1] in modules else "__init__"
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[1:end]) in modules:
+            return ".".join(parts[1:end])
+    return "__init__"
 
 
-def _edges(source: str, modules: set[str]) -> set[str]:
+def _package_of(path: pathlib.Path, package: pathlib.Path) -> str:
+    parts = path.relative_to(package).with_suffix("").parts
+    return ".".join(parts[:-1])
+
+
+def _edges(path: pathlib.Path, package: pathlib.Path, modules: set[str]) -> set[str]:
     edges = set()
-    for node in ast.walk(ast.parse(source)):
+    here = _package_of(path, package)
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             edges |= {_target(alias.name, modules) for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level <= 1:  # `from . import x` is `from autofuse import x`
-            module = ".".join(filter(None, ["autofuse" if node.level else None, node.module]))
-            if module == "autofuse":  # each name: a submodule, or a name defined in __init__
-                edges |= {alias.name if alias.name in modules else "__init__" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = here.split(".") if here else []
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(["autofuse", *base, *filter(None, [node.module])])
             else:
-                edges.add(_target(module, modules))
+                module = node.module or ""
+            for alias in node.names:  # each name: a submodule, or a name the package defines
+                edges.add(_target(f"{module}.{alias.name}", modules))
     return edges - {None}
 
 
 def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """Module name -> the autofuse modules it imports (itself left out)."""
-    modules = {path.stem for path in package.glob("*.py")}
-    return {name: _edges((package / f"{name}.py").read_text(), modules) - {name} for name in modules}
+    paths = {_module_name(path, package): path for path in package.rglob("*.py")}
+    return {name: _edges(path, package, set(paths)) - {name} for name, path in paths.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -64,9 +87,11 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_parser_sees_top_level_and_lazy_imports():
     graph = import_graph()
-    assert "verify" in graph["evaluate"]  # a top-level `from autofuse.verify import ...`
-    assert "evaluate" in graph["worker"]  # imported inside the child's _serve(): still an edge
-    assert "tuner" in graph["__init__"]  # the package's lazy __getattr__
+    assert "tune.gate" in graph["tune.evaluate"]  # a top-level `from autofuse.tune.gate import ...`
+    assert "tune.evaluate" in graph["tune.worker"]  # imported inside the child's _serve(): still an edge
+    assert "tune.tuner" in graph["__init__"]  # the package's lazy __getattr__
+    assert "hookspecs" in graph["__init__"]  # `from autofuse.hookspecs import hookimpl`
+    assert "core.registry" in graph["tune.search"]  # `from autofuse.core import registry`
 
 
 @pytest.mark.parametrize("graph, cycle", [
@@ -82,6 +107,14 @@ def test_autofuse_modules_import_one_way():
     graph = import_graph()
     cycle = find_cycle(graph)
     assert cycle is None, (
-        f"autofuse/*.py must import without cycles, got {' -> '.join(cycle)}: move what both need "
+        f"autofuse's modules must import without cycles, got {' -> '.join(cycle)}: move what both need "
         f"into the lower module, or pass a callable in, rather than import back up"
     )
+
+
+@pytest.mark.parametrize("layer", ["core", "kernels"])
+def test_lower_layers_do_not_import_upper_ones(layer):
+    graph = import_graph()
+    upward = {(name, target) for name, targets in graph.items() if name.split(".")[0] == layer
+              for target in targets if target.split(".")[0] in ABOVE_CORE}
+    assert not upward, f"autofuse.{layer} must not import tune, serve, bench, report or the CLI, got {sorted(upward)}"

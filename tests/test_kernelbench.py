@@ -9,13 +9,14 @@ import textwrap
 
 import pytest
 import torch
+from helpers import assert_close, record, use_test_plugins
 
 import autofuse
-from autofuse import kernelbench, registry
 from autofuse.cli import main
-from autofuse.export import export_kernelbench
+from autofuse.core import registry
+from autofuse.kernelbench import problem as kernelbench
+from autofuse.kernelbench.export import export_kernelbench
 from autofuse.testing import assert_variant_conforms
-from helpers import assert_close, record, use_test_plugins
 
 FILES = pathlib.Path(__file__).parent / "kernelbench"
 CONV = FILES / "conv2d_relu_biasadd.py"  # KernelBench level 2, problem 1, small sizes
@@ -25,7 +26,7 @@ PLUGIN = '''
 import torch
 import torch.nn.functional as F
 import autofuse
-from autofuse.variant import Variant
+from autofuse.core.variant import Variant
 
 
 class Functional(Variant):

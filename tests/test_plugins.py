@@ -8,15 +8,16 @@ import textwrap
 
 import pytest
 import torch
+from helpers import PROBLEMS
 
 import autofuse
-from autofuse import hookspecs, plugins, registry
-from helpers import PROBLEMS
+from autofuse import hookspecs
+from autofuse.core import plugins, registry
 
 EXTERNAL = '''
 import torch.nn.functional as F
 import autofuse
-from autofuse.variant import Variant
+from autofuse.core.variant import Variant
 
 
 class External(Variant):
@@ -87,7 +88,7 @@ def test_a_third_party_distribution_adds_a_variant_that_is_listed_tuned_and_disp
 def test_duplicate_names_fail_naming_both_plugins(monkeypatch, tmp_path, fresh_registry):
     _register(monkeypatch, '''
         import autofuse
-        from autofuse.variant import Variant
+        from autofuse.core.variant import Variant
 
         class Again(Variant):
             name = "simplified"
@@ -133,7 +134,7 @@ def test_a_variant_for_an_unknown_problem_lists_the_known_ones(monkeypatch, tmp_
     monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)  # with any plugin blocked it is skipped instead
     _register(monkeypatch, '''
         import autofuse
-        from autofuse.variant import Variant
+        from autofuse.core.variant import Variant
 
         class Orphan(Variant):
             name = "orphan"
@@ -183,7 +184,7 @@ def test_every_hookspec_is_documented_and_tested():
 
 GENERIC = '''
 import autofuse
-from autofuse.variant import EagerVariant
+from autofuse.core.variant import EagerVariant
 
 _classes = {}
 
@@ -198,7 +199,7 @@ def autofuse_register_generic_variants(problem):
 
 
 def test_a_generic_variant_joins_every_problem_a_file_problem_too(monkeypatch, tmp_path, fresh_registry):
-    from autofuse import kernelbench
+    from autofuse.kernelbench import problem as kernelbench
 
     monkeypatch.setenv(kernelbench.ENV, "")
     _register(monkeypatch, GENERIC, "generic_plugin", tmp_path)

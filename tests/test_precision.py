@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from autofuse import precision, registry, table
+from autofuse.core import precision, registry
+from autofuse.core.variant import Variant
 from autofuse.errors import InputError
-from autofuse.variant import Variant
+from autofuse.serve import table
 
 
 def test_strictest_first_and_the_table_agrees():

@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CHROMIUM
+from helpers import use_test_plugins
 
 import autofuse
-from autofuse import plugins, registry
 from autofuse.cli import main
-from autofuse.report import write_report
-from autofuse.table import DispatchTable, current_fingerprint
-from helpers import use_test_plugins
-from conftest import CHROMIUM
+from autofuse.core import plugins, registry
+from autofuse.report.page import write_report
+from autofuse.serve.table import DispatchTable, current_fingerprint
 
 SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
 TUNED = "batch_size=16,in_features=48,out_features=40"

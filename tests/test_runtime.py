@@ -5,11 +5,11 @@ import logging
 
 import pytest
 import torch
+from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, module_for, record
 
 import autofuse
-from autofuse import registry
-from autofuse.table import DispatchTable
-from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model, module_for, record
+from autofuse.core import registry
+from autofuse.serve.table import DispatchTable
 
 B, IN, OUT = SMALL
 
@@ -274,7 +274,7 @@ def test_bfloat16_inputs_are_served_only_by_bf16_entries():
     ("ieee", "fp32", 2.6867, 2.7305, True),  # the same reference
 ])
 def test_on_cuda_a_stricter_entry_serves_only_where_it_beats_the_looser_reference(tuned, requested, median, eager, serves):
-    from autofuse.dispatch import slower_than_reference
+    from autofuse.serve.dispatch import slower_than_reference
 
     entry = {"variant": "v", "median_ms": median, "eager_ms": eager}
     assert (slower_than_reference(entry, tuned, requested, "cuda") is None) == serves
@@ -282,8 +282,8 @@ def test_on_cuda_a_stricter_entry_serves_only_where_it_beats_the_looser_referenc
 
 
 def test_a_passed_over_stricter_entry_is_said_only_where_it_would_have_ranked_before_the_one_serving():
-    from autofuse.dispatch import candidates, passed_over_before
-    from autofuse.table import DispatchKey, shape_key
+    from autofuse.serve.dispatch import candidates, passed_over_before
+    from autofuse.serve.table import DispatchKey, shape_key
 
     shape = {"batch_size": 1024, "in_features": 8192, "out_features": 8192}
     slow_fp32 = {"variant": "triton", "median_ms": 2.0, "eager_ms": 2.7}  # 1.35x: loses to tf32's reference
@@ -368,14 +368,14 @@ def test_a_deep_copy_dispatches_on_its_own():
     assert not twin(x).requires_grad and module(x).requires_grad
 
 
-@pytest.mark.skipif(__import__("autofuse.triton_variant").triton_variant.triton_missing() is not None,
+@pytest.mark.skipif(__import__("autofuse.kernels.triton.variant").kernels.triton.variant.triton_missing() is not None,
                     reason="needs triton")
 @pytest.mark.parametrize("operands, served", [("round_host", False), ("split_host", True)])
 def test_a_tf32_product_entry_serves_only_the_shape_it_was_gated_at(monkeypatch, caplog, operands, served):
     """TF32 products passed the gate at the default shapes and failed it at batch 1 (H100): the
     nearest-batch fallback must not carry such an entry to a batch nobody gated it at. (The
     3xTF32 split serves fp32 and is float32-accurate everywhere it was measured.)"""
-    from autofuse import triton_variant
+    from autofuse.kernels.triton import variant as triton_variant
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
     params = next(c for c in triton_variant.gemm_configs(IN, "cpu") if c["operands"] == operands)
@@ -389,12 +389,12 @@ def test_a_tf32_product_entry_serves_only_the_shape_it_was_gated_at(monkeypatch,
         assert operands in caplog.text and info["source"] == "unusable entry: reference", caplog.text
 
 
-@pytest.mark.skipif(__import__("autofuse.triton_variant").triton_variant.triton_missing() is not None,
+@pytest.mark.skipif(__import__("autofuse.kernels.triton.variant").kernels.triton.variant.triton_missing() is not None,
                     reason="needs triton")
 def test_x_left_to_the_tensor_cores_serves_its_gated_shape_and_the_host_split_elsewhere(monkeypatch):
     """split_trunc failed the fp32 gate at a shape where split_host passed (H100): an entry tuned
     with it runs it at its own shape and the same tiles with split_host at a neighbouring batch."""
-    from autofuse import triton_variant
+    from autofuse.kernels.triton import variant as triton_variant
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
     params = next(c for c in triton_variant.gemm_configs(IN, "cpu") if c["operands"] == "split_trunc")

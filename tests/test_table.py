@@ -12,9 +12,9 @@ import sys
 import filelock
 import pytest
 
-from autofuse import table as table_mod
 from autofuse.errors import TableError
-from autofuse.table import (
+from autofuse.serve import table as table_mod
+from autofuse.serve.table import (
     SCHEMA,
     VERSION,
     DispatchKey,
@@ -309,7 +309,7 @@ def test_importing_the_table_does_not_import_torch():
     code = (
         "import sys, autofuse\n"
         "if 'torch' in sys.modules: print('autofuse itself imports torch'); sys.exit(0)\n"
-        "import autofuse.table\n"
-        "assert 'torch' not in sys.modules, 'autofuse.table imported torch'\n"
+        "import autofuse.serve.table\n"
+        "assert 'torch' not in sys.modules, 'autofuse.serve.table imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,8 +23,11 @@ import sys
 import pytest
 import torch
 
-from autofuse import registry, triton_backward, triton_host, triton_variant as tv
-from autofuse.verify import CheckCase, build_case
+from autofuse.core import registry
+from autofuse.kernels.triton import backward as triton_backward
+from autofuse.kernels.triton import host as triton_host
+from autofuse.kernels.triton import variant as tv
+from autofuse.tune.gate import CheckCase, build_case
 
 pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
 
@@ -66,7 +69,7 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name in ["autofuse.triton_gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in SHAPES]:
+    for name in ["autofuse.kernels.triton.gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in SHAPES]:
         monkeypatch.setitem(sys.modules, name, None)
         monkeypatch.delitem(sys.modules, name)
     record = []

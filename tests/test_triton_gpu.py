@@ -16,9 +16,9 @@ tests/test_runtime.py checks the dispatcher keeps to that), and here they are ch
 import pytest
 import torch
 
-from autofuse import registry
+from autofuse.core import registry
+from autofuse.kernels.triton.variant import OPERANDS
 from autofuse.testing import assert_variant_conforms
-from autofuse.triton_variant import OPERANDS
 
 PROBLEMS = ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"]
 SIZES = ((1, 1000, 777), (37, 1004, 777), (1000, 1000, 777), (1025, 1000, 1025))

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from autofuse.triton_variant import triton_missing
+from autofuse.kernels.triton.variant import triton_missing
 
 SCRIPT = pathlib.Path(__file__).parent / "interpreted" / "check_triton.py"
 

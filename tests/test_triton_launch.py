@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from autofuse.triton_variant import triton_missing
+from autofuse.kernels.triton.variant import triton_missing
 
 pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
 
@@ -37,7 +37,7 @@ def compiled_module(monkeypatch, name: str):
     (another test of this session may have imported it under TRITON_INTERPRET=1); the modules
     imported before are put back after the test."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for module in {"autofuse.triton_gemm", name}:
+    for module in {"autofuse.kernels.triton.gemm", name}:
         monkeypatch.delitem(sys.modules, module, raising=False)
     return importlib.import_module(name)
 
@@ -47,9 +47,9 @@ def launcher(monkeypatch):
     """(a Launcher of the real ``tf32_parts`` whose JIT path is recorded, the JIT calls, the kernel)."""
     from triton.runtime.jit import JITFunction
 
-    from autofuse import triton_launch
+    from autofuse.kernels.triton import launch as triton_launch
 
-    gemm = compiled_module(monkeypatch, "autofuse.triton_gemm")
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
     assert isinstance(gemm.tf32_parts, JITFunction)
     monkeypatch.setattr(triton_launch, "driver", FakeDriver)
     kernel, jit_calls = FakeKernel(), []
@@ -123,10 +123,10 @@ def test_a_missing_argument_is_triton_s_own_error(launcher):
 
 
 def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypatch):
-    from autofuse.triton_launch import Kernels, Launcher
+    from autofuse.kernels.triton.launch import Kernels, Launcher
 
-    module = compiled_module(monkeypatch, "autofuse.triton_gemm")
-    kernels = Kernels("autofuse.triton_gemm")
+    module = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    kernels = Kernels("autofuse.kernels.triton.gemm")
     assert isinstance(kernels.tf32_parts, Launcher)
     assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
@@ -139,7 +139,7 @@ def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkey
     from triton.runtime.jit import JITFunction
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from autofuse import triton_launch
+    from autofuse.kernels.triton import launch as triton_launch
 
     kernels = compiled_module(monkeypatch, "autofuse.variants.matmul_clamp_lse_mish.triton_kernels")
     fn = kernels.gemm_clamp_lse_partials

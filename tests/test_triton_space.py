@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from autofuse import registry, triton_variant as tv
+from autofuse.core import registry
+from autofuse.kernels.triton import variant as tv
 
 
 def test_each_precision_searches_its_own_operand_paths_its_default_first():

@@ -9,11 +9,11 @@ import time
 import filelock
 import pytest
 import torch
+from helpers import SMALL, init_args
 
 import autofuse
-from autofuse import background
-from autofuse.background import TuneOnMiss
-from helpers import SMALL, init_args
+from autofuse.serve import tune_on_miss as background
+from autofuse.serve.tune_on_miss import TuneOnMiss
 
 B, IN, OUT = SMALL
 PROBLEM = "gemm_avgpool_gelu_residual"
@@ -93,7 +93,7 @@ def test_a_key_another_process_is_tuning_is_not_tuned_twice(tmp_path):
     spec = {"name": "k", "dir": str(directory), "concurrent": 1, "timeout": 5}
     with filelock.FileLock(str(directory / "k.lock")):
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "autofuse.background", json.dumps(spec)],
+        done = subprocess.run([sys.executable, "-m", "autofuse.serve.tune_on_miss", json.dumps(spec)],
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == background.EXIT_BUSY, done.stdout + done.stderr
     assert "tuning this key" in done.stdout and time.monotonic() - start < 30

@@ -3,10 +3,10 @@ gradients, freshness of folded weights, fresh output storage, and bf16 behaviour
 
 import pytest
 import torch
+from helpers import PROBLEMS, assert_close, kernelbench_model, twin
 from torch import nn
 
-from autofuse import registry
-from helpers import PROBLEMS, assert_close, kernelbench_model, twin
+from autofuse.core import registry
 
 SHAPES = [(1, 37, 53), (37, 100, 77), (64, 256, 192)]
 # (problem, mode): gemm_bn computes different things in train and eval mode.

@@ -35,10 +35,10 @@ import types
 import torch
 from torch import nn
 
+from autofuse.core.problem import Problem
+from autofuse.core.variant import FoldCache, Variant
 from autofuse.errors import BuildError
 from autofuse.hookspecs import hookimpl
-from autofuse.problem import Problem
-from autofuse.variant import FoldCache, Variant
 
 log = logging.getLogger("autofuse")
 

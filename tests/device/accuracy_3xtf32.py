@@ -19,10 +19,10 @@ import json
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
-from autofuse.triton_variant import OPERANDS, split_tf32
-from autofuse.verify import CheckCase, build_case
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
+from autofuse.kernels.triton.variant import OPERANDS, split_tf32
+from autofuse.tune.gate import CheckCase, build_case
 
 
 def errors(got, exact):

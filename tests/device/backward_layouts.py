@@ -16,9 +16,9 @@ import argparse
 
 import torch
 
-from autofuse.precision import math_mode
-from autofuse.timing import time_interleaved
-from autofuse.triton_host import transposed
+from autofuse.core.precision import math_mode
+from autofuse.tune.timing import time_interleaved
+from autofuse.kernels.triton.host import transposed
 
 
 def main():

@@ -14,11 +14,12 @@ import time
 
 import torch
 
-from autofuse import build as builder, registry
-from autofuse.precision import linear, math_mode
-from autofuse.timing import time_interleaved
-from autofuse.variant import EagerVariant
-from autofuse.verify import CheckCase, build_case
+from autofuse.kernels import build as builder
+from autofuse.core import registry
+from autofuse.core.precision import linear, math_mode
+from autofuse.tune.timing import time_interleaved
+from autofuse.core.variant import EagerVariant
+from autofuse.tune.gate import CheckCase, build_case
 
 
 def cold_compile_seconds(variant_cls, params, tmp):

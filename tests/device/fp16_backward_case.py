@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 
 
-from autofuse import registry, triton_backward
-from autofuse.autograd import CUBLAS
-from autofuse.triton_variant import DEFAULTS
-from autofuse.verify import CheckCase, check_variant
+from autofuse.core import registry
+from autofuse.kernels.triton import backward as triton_backward
+from autofuse.kernels.autograd import CUBLAS
+from autofuse.kernels.triton.variant import DEFAULTS
+from autofuse.tune.gate import CheckCase, check_variant
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

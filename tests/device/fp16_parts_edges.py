@@ -11,7 +11,7 @@ a tail). Prints, per row, whether hi, lo and 1/s equal torch's bit for bit.
 
 import torch
 
-from autofuse import triton_variant as tv
+from autofuse.kernels.triton import variant as tv
 
 
 def on_the_host(t):

@@ -16,9 +16,9 @@ import json
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
-from autofuse.verify import CheckCase, build_case, floor_output
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
+from autofuse.tune.gate import CheckCase, build_case, floor_output
 
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:

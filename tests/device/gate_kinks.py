@@ -16,10 +16,10 @@ import sys
 
 import torch
 
-from autofuse import registry
-from autofuse.problem import Problem
-from autofuse.triton_variant import DEFAULTS
-from autofuse.verify import CheckCase, build_case, check_cases, check_variant
+from autofuse.core import registry
+from autofuse.core.problem import Problem
+from autofuse.kernels.triton.variant import DEFAULTS
+from autofuse.tune.gate import CheckCase, build_case, check_cases, check_variant
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

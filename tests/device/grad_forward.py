@@ -6,7 +6,7 @@ For each problem, the ModelNew that `autofuse export --kernelbench` writes (buil
 harness builds it, ``kernelbench_harness.build``), called with grad mode on and under no_grad:
 - the harness's time per call (CUDA events around one call, L2 thrashed before it);
 - which variant serves: with grad on, the autograd entry for the first calls and, once
-  ``autofuse.grad_mode.SWITCH_AFTER`` calls have had no backward (the harness never runs one),
+  ``autofuse.serve.grad_mode.SWITCH_AFTER`` calls have had no backward (the harness never runs one),
   the no-grad entry ("without_backward");
 - the host's time per call: from the call until it returns, the GPU idle before it (a
   synchronize), so the Python and launch overhead a synchronised harness sees on top of the kernels;

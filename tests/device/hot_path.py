@@ -39,7 +39,7 @@ import torch
 from tabulate import tabulate
 
 import autofuse
-from autofuse import registry
+from autofuse.core import registry
 
 PROBLEMS = ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish")
 TINY = (8, 64, 64)

@@ -22,7 +22,7 @@ then the procedure of KernelBench's `eval_kernel_against_ref` (ScalingIntelligen
    and N timed trials: synchronize, thrash the L2 by filling a 256 MB int64 tensor, CUDA events
    around the one call, synchronize. The harness leaves grad mode ON here and the parameters
    require grad, so ModelNew's calls take the dispatch's autograd=true entry until three in a row
-   had no backward, and its no-grad entry after that (``autofuse.grad_mode``). Speedup = the
+   had no backward, and its no-grad entry after that (``autofuse.serve.grad_mode``). Speedup = the
    mean of Model's times over the mean of ModelNew's (the harness rounds them to 3 digits; not here).
 
 Tolerance: KernelBench v0 and v0.1 compared at atol = rtol = 1e-2 (`--tolerance`, default); the
@@ -49,13 +49,13 @@ import time
 
 import torch
 
-from autofuse import registry
+from autofuse.core import registry
 from autofuse.cli import main as autofuse_main
 
 SMALL = (16, 32, 24)  # (batch, in, out) for --small
 L2_THRASH = (32, 1024, 1024)  # int64: 256 MB, as the harness's clear_l2_cache
 CURRENT_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # eval.py's get_tolerance_for_precision
-MARKER = "# ---- autofuse"  # where the export's ModelNew part begins (autofuse.export)
+MARKER = "# ---- autofuse"  # where the export's ModelNew part begins (autofuse.kernelbench.export)
 # Issue 13's targets for the harness's number, by problem: at least this speedup over Model,
 # or (None) at least the no-grad dispatch's own speedup.
 MIN_SPEEDUP = {"gemm_avgpool_gelu_residual": 50.0}

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from autofuse import triton_launch
+from autofuse.kernels.triton import launch as triton_launch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import kernelbench_harness as harness  # noqa: E402

@@ -30,9 +30,10 @@ import triton
 from triton.runtime.jit import JITFunction
 
 import autofuse
-from autofuse import build, registry
-from autofuse.cuda_variant import CudaVariant
-from autofuse.triton_launch import Launcher
+from autofuse.kernels import build
+from autofuse.core import registry
+from autofuse.kernels.cuda_variant import CudaVariant
+from autofuse.kernels.triton.launch import Launcher
 
 PROBLEMS = ("matmul_clamp_lse_mish", "matmul_gelu_softmax", "gemm_bn", "gemm_avgpool_gelu_residual")
 

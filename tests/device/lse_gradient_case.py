@@ -14,12 +14,12 @@ import json
 
 import torch
 
-from autofuse import registry
-from autofuse.triton_variant import DEFAULTS
+from autofuse.core import registry
+from autofuse.kernels.triton.variant import DEFAULTS
 from autofuse.variants.matmul_clamp_lse_mish import gradients
 from autofuse.variants.matmul_clamp_lse_mish.cuda_gemm import clamp_lse_scalars
 from autofuse.variants.matmul_clamp_lse_mish.gradients import output_grad
-from autofuse.verify import CheckCase, build_case
+from autofuse.tune.gate import CheckCase, build_case
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

@@ -25,9 +25,9 @@ import sys
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
-from autofuse.verify import CheckCase, build_case
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
+from autofuse.tune.gate import CheckCase, build_case
 
 TABLE = pathlib.Path(__file__).parents[2] / "benchmarks" / "table.json"
 

@@ -11,12 +11,12 @@ import concurrent.futures
 import json
 import sys
 
-from autofuse.table import DispatchKey, DispatchTable
+from autofuse.serve.table import DispatchKey, DispatchTable
 
 
 def build(job) -> str:
-    from autofuse import registry
-    from autofuse.cuda_variant import CudaVariant
+    from autofuse.core import registry
+    from autofuse.kernels.cuda_variant import CudaVariant
 
     problem, name, precision, params = job
     cls = registry.get_variant(problem, name)

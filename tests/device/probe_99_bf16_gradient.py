@@ -11,11 +11,11 @@ import copy
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
 from autofuse.testing import conformance_cases
-from autofuse.variant import EagerVariant
-from autofuse.verify import prepare_case
+from autofuse.core.variant import EagerVariant
+from autofuse.tune.gate import prepare_case
 
 prob = registry.get_problem("matmul_gelu_softmax")
 cls = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")

@@ -21,8 +21,8 @@ import json
 
 import torch
 
-from autofuse import timing
-from autofuse.precision import math_mode
+from autofuse.tune import timing
+from autofuse.core.precision import math_mode
 
 
 def main():

@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from autofuse import timing
-from autofuse.triton_gemm import round_tf32 as round_bits, tile_coords  # the variants' own, in bits
-from autofuse.triton_variant import input_operands, round_tf32
+from autofuse.tune import timing
+from autofuse.kernels.triton.gemm import round_tf32 as round_bits, tile_coords  # the variants' own, in bits
+from autofuse.kernels.triton.variant import input_operands, round_tf32
 
 
 @triton.jit

@@ -24,9 +24,9 @@ import json
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
-from autofuse.verify import CheckCase, build_case
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
+from autofuse.tune.gate import CheckCase, build_case
 
 CONTROLS = [{"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "round_kernel"},

@@ -23,11 +23,11 @@ import traceback
 
 import torch
 
-from autofuse import registry
-from autofuse.precision import math_mode
-from autofuse.timing import time_interleaved
-from autofuse.variant import EagerVariant
-from autofuse.verify import CheckCase, build_case, check_variant
+from autofuse.core import registry
+from autofuse.core.precision import math_mode
+from autofuse.tune.timing import time_interleaved
+from autofuse.core.variant import EagerVariant
+from autofuse.tune.gate import CheckCase, build_case, check_variant
 
 PROBLEMS = {"99": ("matmul_gelu_softmax", [None]), "22": ("matmul_clamp_lse_mish", [None]),
             "bn": ("gemm_bn", ["train", "eval"])}

@@ -17,9 +17,10 @@ import time
 import optuna
 import torch
 
-from autofuse import registry, tune
-from autofuse.build import build_many
-from autofuse.worker import Candidate, Job, Worker
+from autofuse import tune
+from autofuse.core import registry
+from autofuse.kernels.build import build_many
+from autofuse.tune.worker import Candidate, Job, Worker
 
 VARIANT = "cuda_templated"
 

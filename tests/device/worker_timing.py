@@ -14,11 +14,12 @@ import argparse
 
 import torch
 
-from autofuse import registry, timing
-from autofuse.evaluate import retime
-from autofuse.variant import EagerVariant
-from autofuse.verify import CheckCase, build_case
-from autofuse.worker import Candidate, Job, Worker
+from autofuse.core import registry
+from autofuse.tune import timing
+from autofuse.tune.evaluate import retime
+from autofuse.core.variant import EagerVariant
+from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tune.worker import Candidate, Job, Worker
 
 PROBLEM = "gemm_avgpool_gelu_residual"
 CANDIDATES = (("simplified", {}), ("cublas_epilogue", {"block": 512}), ("cuda_tiled", {"block": 1024}),

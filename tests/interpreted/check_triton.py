@@ -16,8 +16,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from autofuse import autograd, registry  # noqa: E402
-from autofuse.verify import CheckCase, check_variant  # noqa: E402
+from autofuse.core import registry
+from autofuse.kernels import autograd  # noqa: E402
+from autofuse.tune.gate import CheckCase, check_variant  # noqa: E402
 
 SIZES = ((1, 37, 53), (37, 40, 33))  # batch 1 (BN training skips it: needs 2), odd sizes
 CONFIGS = {  # the two schedules and both operand paths
@@ -68,11 +69,12 @@ def backward_kernels() -> list[str]:
     ones against the formula from the logits, bfloat16 ones against the same formula); and
     gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
     then gemm_bn's per-column coefficients from either z."""
-    from autofuse import triton_host
-    from autofuse.autograd import GradLayouts
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
     from autofuse.variants.matmul_gelu_softmax import gradients as g99
+
+    from autofuse.kernels.autograd import GradLayouts
+    from autofuse.kernels.triton import host as triton_host
 
     generator = torch.Generator().manual_seed(5)
     failures = []
@@ -179,7 +181,7 @@ def bn_without_running_stats() -> list[str]:
     against float64, at fp32 and bf16, over several row tiles and a partial one."""
     import copy
 
-    from autofuse.verify import build_case
+    from autofuse.tune.gate import build_case
 
     prob = registry.get_problem("gemm_bn")
     failures = []
@@ -251,7 +253,7 @@ def avgpool_backward() -> list[str]:
 
 @triton.jit
 def _tf32_dot_kernel(a_ptr, b_ptr, out_ptr, MODE: tl.constexpr):
-    from autofuse.triton_gemm import operand_dot
+    from autofuse.kernels.triton.gemm import operand_dot
 
     r = tl.arange(0, 16)
     a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
@@ -269,8 +271,8 @@ def tf32_operands() -> list[str]:
       13 low bits set times the identity gives trunc(x), not x. Without that model, split_trunc
       would count x's low part twice here and still pass (the sums would be right to 2⁻¹¹).
     """
-    from autofuse import triton_variant as tv
-    from autofuse.triton_gemm import tf32_low_part, tf32_parts
+    from autofuse.kernels.triton import variant as tv
+    from autofuse.kernels.triton.gemm import tf32_low_part, tf32_parts
 
     failures = []
     generator = torch.Generator().manual_seed(3)
@@ -323,7 +325,7 @@ def fp16_operands() -> list[str]:
       or the row's max·2⁻³⁹, whichever is larger (float16's spacing at the bottom of its range).
     - What that range means for a GEMM with outliers in x's rows (``_fp16_outliers``).
     """
-    from autofuse import triton_variant as tv
+    from autofuse.kernels.triton import variant as tv
 
     generator = torch.Generator().manual_seed(5)
     k = 5003
@@ -365,7 +367,7 @@ def _fp16_outliers() -> list[str]:
     below the row's max. The products of the kernel's parts, summed in float64, against float64:
     float32-accurate (within 4x a float32 matmul's error) up to R = 1e5; beyond, each element
     keeps the row's max·2⁻³⁹, so the error is bounded by that (printed: the README's numbers)."""
-    from autofuse import triton_variant as tv
+    from autofuse.kernels.triton import variant as tv
 
     failures = []
     generator = torch.Generator().manual_seed(0)
@@ -403,7 +405,8 @@ def fp16_backward_gemms() -> list[str]:
     - W's column parts are made once for an unchanged W, detached anew each call, and again after
       an in-place update of W (its version moves).
     """
-    from autofuse import triton_backward, triton_host
+    from autofuse.kernels.triton import backward as triton_backward
+    from autofuse.kernels.triton import host as triton_host
 
     failures = []
     generator = torch.Generator().manual_seed(6)
@@ -456,7 +459,7 @@ def tf32_round_in_the_kernel() -> list[str]:
     it gives with x rounded by the pass (round_host): the same products in the same order. Both
     schedules (by pointer loads, as the space offers round_kernel), partial tiles and a K tail
     (K = 40 against BLOCK_K = 16); with gradients, so the backward sees the same saved tensors."""
-    from autofuse.verify import build_case
+    from autofuse.tune.gate import build_case
 
     failures = []
     for problem in ("matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"):
@@ -482,7 +485,7 @@ def tf32_round_in_the_kernel() -> list[str]:
 def transpose() -> list[str]:
     """``triton_host.transposed`` (the weight gradient's K-major copy of x) equals torch's
     transpose at shapes that end in partial tiles both ways, batch 1 and a single column included."""
-    from autofuse import triton_host
+    from autofuse.kernels.triton import host as triton_host
 
     generator = torch.Generator().manual_seed(4)
     failures = []
@@ -513,7 +516,7 @@ def mutant_fails() -> list[str]:
 
 @triton.jit
 def _exp_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    from autofuse.triton_gemm import exp_nonpositive
+    from autofuse.kernels.triton.gemm import exp_nonpositive
 
     offsets = tl.arange(0, BLOCK)
     tl.store(out_ptr + offsets, exp_nonpositive(tl.load(x_ptr + offsets, mask=offsets < n)), mask=offsets < n)

@@ -4,7 +4,7 @@ through AUTOFUSE_PLUGINS by a gpu-marked test)."""
 import torch
 
 import autofuse
-from autofuse.cuda_variant import CudaVariant
+from autofuse.kernels.cuda_variant import CudaVariant
 
 
 class IllegalAccess(CudaVariant):

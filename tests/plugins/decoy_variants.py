@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
-from autofuse.variant import Variant
+from autofuse.core.variant import Variant
 
 
 def gelu_softmax(model, x):

@@ -9,7 +9,7 @@ import os
 import time
 
 import autofuse
-from autofuse.variant import EagerVariant
+from autofuse.core.variant import EagerVariant
 
 
 class Knobs(EagerVariant):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
-from autofuse.variant import Variant
+from autofuse.core.variant import Variant
 
 
 class RowBlocks(Variant):

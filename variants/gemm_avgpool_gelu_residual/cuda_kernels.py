@@ -27,10 +27,10 @@ for them.
 
 import torch
 
-from autofuse.autograd import fused_call
-from autofuse.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.core.variant import FoldCache
 from autofuse.hookspecs import hookimpl
-from autofuse.variant import FoldCache
+from autofuse.kernels.autograd import fused_call
+from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
 
 from . import gradients
 from .simplified import fold_column_mean

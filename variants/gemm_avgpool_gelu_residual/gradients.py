@@ -1,4 +1,4 @@
-"""Gradients of ``gemm_avgpool_gelu_residual`` for its fused variants (see ``autofuse.autograd``).
+"""Gradients of ``gemm_avgpool_gelu_residual`` for its fused variants (see ``autofuse.kernels.autograd``).
 
 out = x.detach() + gelu(r)[:, None] with r = x·w̄ + c, w̄ = mean(W, 0), c = mean(b) − mean(subtract)
 (the mean over out_features of the GEMM). With g = ∂L/∂out and dr = gelu'(r)·Σ_cols g (per row):
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from autofuse.autograd import FusedOp
-from autofuse.triton_host import fused_kernels_apply, problem_kernels
+from autofuse.kernels.autograd import FusedOp
+from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
 
 from ..matmul_gelu_softmax.gradients import gelu_grad
 

@@ -12,8 +12,8 @@ run in float32 also for bfloat16 inputs (more precise, and equally memory-bound)
 import torch
 import torch.nn.functional as F
 
+from autofuse.core.variant import FoldCache, Variant
 from autofuse.hookspecs import hookimpl
-from autofuse.variant import FoldCache, Variant
 
 
 class SimplifiedGemmAvgPoolGeluResidual(Variant):

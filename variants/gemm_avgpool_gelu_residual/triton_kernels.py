@@ -19,7 +19,7 @@ sixteenth of what it writes at the default blocks, against a third pass and laun
 import triton
 import triton.language as tl
 
-from autofuse.triton_gemm import gelu_grad
+from autofuse.kernels.triton.gemm import gelu_grad
 
 
 @triton.jit

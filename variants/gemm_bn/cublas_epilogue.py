@@ -2,7 +2,7 @@
 
 Training (batch statistics). z = x·Wᵀ without the bias is one cuBLAS call through torch (the
 bias cancels in z − μ; under tf32 or bf16 the GEMM uses what that precision admits, see
-``autofuse.precision.linear``). The epilogue computes per column μ_z and
+``autofuse.core.precision.linear``). The epilogue computes per column μ_z and
 coef = s·γ/√(s²·σ²_z + eps), updates the running statistics exactly as nn.BatchNorm1d does
 (see ``cuda_gemm``'s docstring) and rewrites z ← (z − μ_z)·coef + β in place, on one of two paths
 (the configuration's ``strip_cols``):
@@ -33,12 +33,6 @@ import hashlib
 import pathlib
 
 import torch
-
-from autofuse.autograd import fused_call, needs_grad
-from autofuse.cuda_variant import CudaVariant, input_operand, operand
-from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
-from autofuse.variant import FoldCache
 from autofuse.variants.gemm_bn import cuda_gemm, gradients
 from autofuse.variants.gemm_bn.cuda_gemm import (
     TrainOperands,
@@ -48,6 +42,11 @@ from autofuse.variants.gemm_bn.cuda_gemm import (
     uses_batch_statistics,
 )
 
+from autofuse.core.precision import linear
+from autofuse.core.variant import FoldCache
+from autofuse.hookspecs import hookimpl
+from autofuse.kernels.autograd import fused_call, needs_grad
+from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
 
 # Shared memory a strip may take: configs() sees no device, so this stays under H100's opt-in
 # limit per block (227 KB) with room for the kernel's reduction buffers (at most 4.5 KB); a

@@ -27,14 +27,14 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
-from autofuse.autograd import fused_call, needs_grad
-from autofuse.cuda_variant import GemmKernelVariant, input_operand, operand
-from autofuse.errors import InputError
-from autofuse.gemm_space import SHARED_LIMIT
-from autofuse.hookspecs import hookimpl
-from autofuse.variant import FoldCache
 from autofuse.variants.gemm_bn import gradients
+
+from autofuse.core.variant import FoldCache
+from autofuse.errors import InputError
+from autofuse.hookspecs import hookimpl
+from autofuse.kernels.autograd import fused_call, needs_grad
+from autofuse.kernels.cuda_variant import GemmKernelVariant, input_operand, operand
+from autofuse.kernels.gemm_space import SHARED_LIMIT
 
 
 def uses_batch_statistics(bn) -> bool:

@@ -1,4 +1,4 @@
-"""Gradients of ``gemm_bn`` for its fused variants (see ``autofuse.autograd``).
+"""Gradients of ``gemm_bn`` for its fused variants (see ``autofuse.kernels.autograd``).
 
 Training (batch statistics). z = x·Wᵀ, μ and σ² its biased column statistics, y = (z + b)·s,
 r = 1/√(s²σ² + eps), ŷ = s·(z − μ)·r, out = γ·ŷ + β. With g = ∂L/∂out and, per column,
@@ -32,10 +32,9 @@ import math
 
 import torch
 
-from autofuse.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, reduce_rows
-from autofuse.precision import linear
-from autofuse.triton_host import fused_kernels_apply, problem_kernels
-
+from autofuse.core.precision import linear
+from autofuse.kernels.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, reduce_rows
+from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
 
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
 BACKWARD_BLOCK = (64, 128)

@@ -16,10 +16,10 @@ folded once and cached until any parameter or running statistic changes.
 
 import torch
 
+from autofuse.core.precision import linear
+from autofuse.core.variant import FoldCache, Variant
 from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
-from autofuse.variant import FoldCache, Variant
 
 from .gradients import affine_coefficients
 

@@ -21,18 +21,18 @@ Under bf16 z is stored in bfloat16 (``z_dtype``). Stored less its tile's mean, i
 2⁻⁹·|z| into z − μ, which an offset much larger than the spread turns into a large error in the
 normalised output.
 
-The main loop is the shared one (``autofuse.triton_gemm``). Kernels: triton_kernels.py.
+The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels: triton_kernels.py.
 Preconditions: float32 tensors (made contiguous; running statistics contiguous, updated in place)
 on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
 """
 
 import torch
 
-from autofuse.autograd import fused_call, needs_grad
-from autofuse.cuda_variant import operand
+from autofuse.core.variant import FoldCache
 from autofuse.hookspecs import hookimpl
-from autofuse.triton_variant import TritonVariant
-from autofuse.variant import FoldCache
+from autofuse.kernels.autograd import fused_call, needs_grad
+from autofuse.kernels.cuda_variant import operand
+from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
 from .cuda_gemm import TrainOperands, eval_coefficients, eval_dependencies, momentum_factor, uses_batch_statistics

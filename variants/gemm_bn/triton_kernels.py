@@ -17,7 +17,7 @@ BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 import triton
 import triton.language as tl
 
-from autofuse.triton_gemm import store_gradient, tile_accumulator, tile_coords
+from autofuse.kernels.triton.gemm import store_gradient, tile_accumulator, tile_coords
 
 
 @triton.jit

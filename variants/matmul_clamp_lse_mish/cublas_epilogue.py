@@ -1,7 +1,7 @@
 """``matmul_clamp_lse_mish``, cuBLAS + one fused epilogue kernel.
 
 y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
-tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.core.precision.linear``).
 Under bf16 the weight's bfloat16 copy is cached, y is cuBLAS's bfloat16 result (half the
 bytes to read back) and the bias is added by the kernel below.
 Then one kernel, one block of AF_BLOCK threads per row, does everything after it in one read
@@ -14,10 +14,10 @@ which exists anyway, and z (see gradients.py). Kernel: csrc/clamp_lse_mish_rows.
 
 import torch
 
-from autofuse.autograd import fused_call
-from autofuse.cuda_variant import CudaVariant, gemm_operands
+from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear_deferring_bias
+from autofuse.kernels.autograd import fused_call
+from autofuse.kernels.cuda_variant import CudaVariant, gemm_operands
 
 from . import gradients
 from .cuda_gemm import clamp_lse_scalars

@@ -17,10 +17,10 @@ import math
 
 import torch
 
-from autofuse.autograd import fused_call
-from autofuse.cuda_variant import GemmKernelVariant, gemm_operands
 from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
+from autofuse.kernels.autograd import fused_call
+from autofuse.kernels.cuda_variant import GemmKernelVariant, gemm_operands
 
 from . import gradients
 

@@ -4,8 +4,8 @@ The baseline every speedup is measured against, and the fallback that serves any
 shape, dtype, device and autograd need. No preconditions.
 """
 
+from autofuse.core.variant import EagerVariant
 from autofuse.hookspecs import hookimpl
-from autofuse.variant import EagerVariant
 
 
 class EagerMatmulClampLseMish(EagerVariant):

@@ -1,4 +1,4 @@
-"""Gradients of ``matmul_clamp_lse_mish`` for its fused variants (see ``autofuse.autograd``).
+"""Gradients of ``matmul_clamp_lse_mish`` for its fused variants (see ``autofuse.kernels.autograd``).
 
 y = x·Wᵀ + b, v = t·y (t = 2s), c = clamp(v, lo, hi), z = logsumexp(c) per row, out = z·mish(z).
 With g = ∂L/∂out (one value per row):
@@ -26,9 +26,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from autofuse.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, saved_logits
-from autofuse.precision import linear
-from autofuse.triton_host import fused_kernels_apply, problem_kernels
+from autofuse.core.precision import linear
+from autofuse.kernels.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, saved_logits
+from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
 
 
 def output_grad(z: torch.Tensor) -> torch.Tensor:

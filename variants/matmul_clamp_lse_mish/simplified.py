@@ -10,9 +10,9 @@ logsumexp (row max subtracted) and z·mish(z) on the (batch, 1) result.
 import torch
 import torch.nn.functional as F
 
+from autofuse.core.precision import linear
+from autofuse.core.variant import FoldCache, Variant
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
-from autofuse.variant import FoldCache, Variant
 
 
 class SimplifiedMatmulClampLseMish(Variant):

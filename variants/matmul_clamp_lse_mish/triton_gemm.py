@@ -8,16 +8,16 @@ subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch ×
 never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. With a gradient
 needed the kernel stores the logits (the backward needs them), under bf16 their softmax factors
 in bfloat16 instead (half the bytes; ``gradients.SoftmaxParts``), and the finish keeps z
-(gradients.py). The main loop is the shared one (``autofuse.triton_gemm``). Kernels:
+(gradients.py). The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels:
 triton_kernels.py. Preconditions: float32 tensors (made contiguous) on CUDA, or on the CPU
 under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every call.
 """
 
 import torch
 
-from autofuse.autograd import fused_call
 from autofuse.hookspecs import hookimpl
-from autofuse.triton_variant import TritonVariant
+from autofuse.kernels.autograd import fused_call
+from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
 from .cuda_gemm import clamp_lse_scalars

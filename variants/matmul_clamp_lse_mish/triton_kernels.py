@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 # parts_block is imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import exp_nonpositive, parts_block, store_gradient, tile_accumulator, tile_coords  # noqa: F401
+from autofuse.kernels.triton.gemm import exp_nonpositive, parts_block, store_gradient, tile_accumulator, tile_coords  # noqa: F401
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """``matmul_gelu_softmax``, cuBLAS + one fused epilogue kernel.
 
 y = x·Wᵀ + b is one cuBLAS call through torch (addmm: the bias rides in the GEMM; under
-tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.precision.linear``).
+tf32 or bf16 the GEMM uses what that precision admits, see ``autofuse.core.precision.linear``).
 Under bf16 the weight's bfloat16 copy is cached, y is cuBLAS's bfloat16 result (half the
 bytes to read back) and the bias is added by the kernel below.
 Then one kernel, one block of ``block`` threads per row, does everything after it: exact GELU
@@ -14,9 +14,9 @@ backward keeps (see gradients.py). Kernel: csrc/gelu_softmax_rows.cu.
 
 import torch
 
-from autofuse.cuda_variant import CudaVariant, gemm_operands
+from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear_deferring_bias
+from autofuse.kernels.cuda_variant import CudaVariant, gemm_operands
 
 from . import gradients
 

@@ -12,8 +12,8 @@ cuBLAS GEMM (gradients.py): three GEMMs in the backward instead of two, nothing 
 
 import torch
 
-from autofuse.cuda_variant import GemmKernelVariant, gemm_operands
 from autofuse.hookspecs import hookimpl
+from autofuse.kernels.cuda_variant import GemmKernelVariant, gemm_operands
 
 from . import gradients
 

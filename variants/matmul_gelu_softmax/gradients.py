@@ -1,4 +1,4 @@
-"""Gradients of ``matmul_gelu_softmax`` for its fused variants (see ``autofuse.autograd``).
+"""Gradients of ``matmul_gelu_softmax`` for its fused variants (see ``autofuse.kernels.autograd``).
 
 out = softmax(a), a = gelu(y), y = x·Wᵀ + b. With g = ∂L/∂out:
     ∂L/∂a = out ⊙ (g − Σ_j g_j·out_j)                     (softmax, per row; computed without
@@ -19,10 +19,18 @@ import math
 
 import torch
 
-from autofuse.autograd import (CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, fused_call,
-                               saved_logits)
-from autofuse.precision import linear
-from autofuse.triton_host import fused_kernels_apply, problem_kernels
+from autofuse.core.precision import linear
+from autofuse.kernels.autograd import (
+    CUBLAS,
+    CublasGemms,
+    FusedOp,
+    GemmGrad,
+    GradBuffers,
+    GradLayouts,
+    fused_call,
+    saved_logits,
+)
+from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

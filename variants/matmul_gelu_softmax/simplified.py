@@ -8,9 +8,9 @@ GEMM takes bfloat16 operands (the weight's copy cached) and the epilogue stays i
 
 import torch.nn.functional as F
 
+from autofuse.core.precision import linear
+from autofuse.core.variant import Variant
 from autofuse.hookspecs import hookimpl
-from autofuse.precision import linear
-from autofuse.variant import Variant
 
 
 class SimplifiedMatmulGeluSoftmax(Variant):

@@ -6,7 +6,7 @@ adds the bias, applies the exact erf GELU, stores the logit once and leaves per 
 tile the online-softmax pair (max, Σ exp(v − max)); ``softmax_normalize`` merges a row's pairs
 with the max subtracted (no overflow at any magnitude) and rescales the row in place: the
 logits are written once, read once and written once more. The main loop is the shared one
-(``autofuse.triton_gemm``): fp32 is 3xTF32, tf32 TF32 with W rounded to nearest, bf16 the
+(``autofuse.kernels.triton.gemm``): fp32 is 3xTF32, tf32 TF32 with W rounded to nearest, bf16 the
 cached bfloat16 weight with x cast by a pass. With a gradient needed the pre-GELU logits y are stored
 too (the backward needs them; gradients.py). Kernels: triton_kernels.py. Preconditions: float32
 tensors (made contiguous) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
@@ -15,7 +15,7 @@ tensors (made contiguous) on CUDA, or on the CPU under TRITON_INTERPRET=1; any s
 import torch
 
 from autofuse.hookspecs import hookimpl
-from autofuse.triton_variant import TritonVariant
+from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
 

@@ -13,8 +13,16 @@ import triton
 import triton.language as tl
 
 # row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.triton_gemm import (exp_nonpositive, gelu, gelu_grad, parts_block, row_block,  # noqa: F401
-                                  store_gradient, tile_accumulator, tile_coords)
+from autofuse.kernels.triton.gemm import (  # noqa: F401
+    exp_nonpositive,
+    gelu,
+    gelu_grad,
+    parts_block,
+    row_block,
+    store_gradient,
+    tile_accumulator,
+    tile_coords,
+)
 
 
 @triton.jit

@@ -1,10 +1,10 @@
 """The plugin's own tests: its variants through autofuse's conformance kit, the same gate the
 tuner applies (float64 reference, several input distributions, odd shapes and batch 1)."""
 
-from autofuse import registry
-from autofuse.testing import assert_variant_conforms, parametrize_variants
-
 from autofuse_plugin_example.row_chunked import RowChunkedGeluSoftmax
+
+from autofuse.core import registry
+from autofuse.testing import assert_variant_conforms, parametrize_variants
 
 
 @parametrize_variants(problems=["matmul_sigmoid_sum"])

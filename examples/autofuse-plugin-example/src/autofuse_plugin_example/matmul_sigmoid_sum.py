@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from autofuse import hookimpl
-from autofuse.precision import linear
-from autofuse.problem import Problem, Tolerance
-from autofuse.variant import EagerVariant, Variant
+from autofuse.core.precision import linear
+from autofuse.core.problem import Problem, Tolerance
+from autofuse.core.variant import EagerVariant, Variant
 
 
 class Model(nn.Module):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from autofuse import hookimpl
-from autofuse.precision import linear
-from autofuse.variant import Variant
+from autofuse.core.precision import linear
+from autofuse.core.variant import Variant
 
 
 class RowChunkedGeluSoftmax(Variant):

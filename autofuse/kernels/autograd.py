@@ -1,0 +1,230 @@
+"""Autograd for fused variants: the fused forward saves what its backward needs, nothing more.
+
+Every fused variant (cuBLAS + epilogue, the CUDA families, the Triton family, 51's row
+kernels) follows one pattern. Its forward is a function of the input and of the model tensors
+that may need gradients (``inputs``); it returns the output and the tensors its problem's
+backward needs (``saved``). ``fused_call`` runs it plainly when no gradient is needed (no
+autograd node, nothing saved), and inside ``FusedFunction`` otherwise. The backward is the
+problem's (``variants/<problem>/gradients.py``): the epilogue's backward fused into one pass,
+which writes ∂L/∂y in the layouts the GEMMs after it want and the bias gradient's partial sums
+(``GradLayouts``), then the GEMMs of the backward through the variant's ``gemms``: cuBLAS at
+the forward's precision (``CublasGemms``), or, for a triton variant whose fp32 forward runs on
+float16 parts, the same parts (``triton_backward.Fp16Gemms``). A forward that cannot cheaply
+save an intermediate saves None in its place and the backward recomputes it (the SIMT CUDA
+kernels never store the logits).
+
+The backward runs when the caller's ``loss.backward()`` runs, outside the variant's
+``math_mode``: precision is re-established here, so a tf32 forward has a tf32 backward and an
+fp32 one never lets TF32 in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from autofuse.core.precision import linear, math_mode
+
+Saved = Sequence[torch.Tensor | None]
+
+
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call with these tensors must record a backward: grad mode on and one requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    """A fused forward and the backward of its problem, at one precision.
+
+    ``forward(*inputs, save)`` returns (out, saved); with ``save=False`` saved is ignored and
+    the forward should store nothing extra. ``backward(saved, grad, needs)`` returns one
+    gradient (or None) per input; ``needs[i]`` says whether input i needs one.
+    """
+
+    forward: Callable[..., tuple[torch.Tensor, Saved]]
+    backward: Callable[[Saved, torch.Tensor, Sequence[bool]], Sequence[torch.Tensor | None]]
+    precision: str
+
+
+class FusedFunction(torch.autograd.Function):
+    """Records the backward of a forward that already ran: ``result`` is its (out, saved)."""
+
+    @staticmethod
+    def forward(ctx, op: FusedOp, result: tuple[torch.Tensor, Saved], *inputs):
+        out, saved = result
+        ctx.op = op
+        ctx.save_for_backward(*saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        op: FusedOp = ctx.op
+        with math_mode(op.precision):
+            grads = op.backward(ctx.saved_tensors, grad.contiguous(), ctx.needs_input_grad[2:])
+        return (None, None, *grads)
+
+
+def fused_call(op: FusedOp, *inputs: torch.Tensor | None) -> torch.Tensor:
+    """``op``'s output for ``inputs``, differentiable with respect to each that requires grad.
+
+    With a gradient needed the forward runs first (under no_grad, as inside an autograd
+    Function) and its node is recorded after: the kernels are queued before ``Function.apply``'s
+    host time (~30 µs), which then overlaps them instead of delaying them for a caller that
+    synchronizes around each call (KernelBench's harness). The harness's grad/no-grad ratio
+    stayed ~0.95 on 22 and 99 all the same: what is left is the GEMM storing the logits the
+    backward needs (tests/device/NOTES.md, fourth session)."""
+    if needs_grad(*inputs):
+        with torch.no_grad():
+            result = op.forward(*inputs, save=True)
+        return FusedFunction.apply(op, result, *inputs)
+    out, _ = op.forward(*inputs, save=False)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GradLayouts:
+    """What a fused epilogue backward writes of ∂L/∂y (y = x·Wᵀ + b), in its one pass over y.
+
+    ``rows``: dy itself (batch × out), for dx = dy·W, and for dW where dyᵀ is not wanted.
+    ``cols``: dyᵀ (out × batch, contiguous) for dW = dyᵀ·x under tf32. Hopper's tensor cores read
+    TF32 operands K-major only, and dW contracts over the batch, the slow dimension of both dy and
+    x: cuBLAS's kernel for that took 0.570 ms where the same product with dyᵀ given took 0.417
+    (1024×8192×8192), 2.042 against 1.330 (16384×4096×4096; H100, tests/device/backward_layouts.py).
+    One K-major operand is enough (both: 0.401 and 1.291), and the backward kernel writes dyᵀ for
+    the cost of writing dy, where a transpose pass took 0.027 and 0.188 ms.
+    ``sums``: Σ_rows dy (the bias gradient), as float32 partial sums per block of rows.
+    ``dtype``: of dy and dyᵀ: bfloat16 under bf16 (the backward GEMMs' operand dtype), else float32.
+    """
+
+    rows: bool
+    cols: bool
+    sums: bool
+    dtype: torch.dtype = torch.float32
+
+
+def grad_layouts(precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
+    """The layouts of ∂L/∂y that the backward GEMMs and the bias gradient of ``needs`` want."""
+    cols = need_weight and precision == "tf32"
+    return GradLayouts(rows=need_x or (need_weight and not cols), cols=cols, sums=need_bias,
+                       dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+@dataclasses.dataclass
+class GemmGrad:
+    """∂L/∂y as an epilogue backward wrote it (``GradLayouts``): dy, dyᵀ, Σ_rows dy (each or None)."""
+
+    dy: torch.Tensor | None
+    dy_t: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, dy: torch.Tensor, layouts: GradLayouts) -> GemmGrad:
+        """From dy computed in full (a torch formula): dy in the layouts' dtype where it is float32
+        (float64 stays, for gradcheck), its row sum, and no dyᵀ (``backward_gemms`` copies x instead)."""
+        rows = dy.to(layouts.dtype) if dy.dtype == torch.float32 else dy
+        return cls(rows, None, reduce_rows(dy) if layouts.sums else None)
+
+
+class GradBuffers:
+    """The outputs of a Triton epilogue backward for ``layouts`` at (M rows, N columns), whose
+    programs take ``row_block`` rows each (the partial sums' blocks), and its launch arguments:
+    ``dy_ptr``, ``dyt_ptr``, ``part_ptr`` (None where not written) and ROWS, COLS, SUMS."""
+
+    def __init__(self, layouts: GradLayouts, m: int, n: int, row_block: int, device: torch.device):
+        self.dy = torch.empty(m, n, device=device, dtype=layouts.dtype) if layouts.rows else None
+        self.dy_t = torch.empty(n, m, device=device, dtype=layouts.dtype) if layouts.cols else None
+        self.parts = torch.empty(-(-m // row_block), n, device=device) if layouts.sums else None
+        self.args = {"dy_ptr": self.dy, "dyt_ptr": self.dy_t, "part_ptr": self.parts,
+                     "ROWS": layouts.rows, "COLS": layouts.cols, "SUMS": layouts.sums}
+
+    def result(self) -> GemmGrad:
+        return GemmGrad(self.dy, self.dy_t, None if self.parts is None else self.parts.sum(0))
+
+
+class CublasGemms:
+    """How a backward multiplies after its epilogue's backward: ``layouts`` says which forms of
+    ∂L/∂y to write, the call returns (dx, dW). This one is cuBLAS at the forward's precision
+    (``grad_layouts``, ``backward_gemms``), every fused variant's unless its forward multiplies
+    otherwise: the triton variants on float16 parts use ``triton_backward.Fp16Gemms``."""
+
+    def layouts(self, precision: str, need_x: bool, need_weight: bool, need_bias: bool) -> GradLayouts:
+        return grad_layouts(precision, need_x, need_weight, need_bias)
+
+    def __call__(self, grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str, need_x: bool,
+                 need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return backward_gemms(grad, x, weight, precision, need_x, need_weight)
+
+
+CUBLAS = CublasGemms()
+
+
+def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str,
+                   need_x: bool, need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dW) of y = x·Wᵀ given ∂L/∂y: dx = dy·W and dW = dyᵀ·x through cuBLAS.
+
+    At the forward's precision (the caller's ``math_mode``): float32 (TF32 per the mode), or
+    under bf16 with bfloat16 operands, float32 accumulation and float32 results, as the
+    forward's GEMM. ``weight`` is the forward's GEMM operand (under bf16 its cached bfloat16
+    copy), so the backward reads the operand the forward used.
+    """
+    dy, dx, dw = grad.dy, None, None
+    if not (need_x or need_weight):
+        return None, None
+    if precision == "bf16" and x.dtype in (torch.float32, torch.bfloat16):  # bfloat16: the forward's copy
+        wb = weight.bfloat16()
+        dyb = dy.bfloat16()  # written in bfloat16 by the fused kernels: no pass
+        if need_x:
+            dx = _bf16_mm(dyb, wb)
+        if need_weight:
+            dw = _bf16_mm(dyb.t(), x.bfloat16())
+        return dx, dw
+    if need_x:
+        dx = dy.to(weight.dtype) @ weight
+    if need_weight:
+        dw = _weight_gradient(grad, x, precision)
+    return dx, dw
+
+
+def _weight_gradient(grad: GemmGrad, x: torch.Tensor, precision: str) -> torch.Tensor:
+    """dW = dyᵀ·x, contracting over the batch: the slow dimension of both dy and x.
+
+    Under tf32, from dyᵀ where the epilogue backward wrote it (``GradLayouts``), else on CUDA
+    from a K-major copy of x made by a Triton transpose (``triton_variant.transposed``): with x
+    copied the product took 0.381 and 1.305 ms (the shapes of ``GradLayouts``; torch's own copy
+    of a transposed view runs at 0.9 TB/s, a third of the Triton one's). Under fp32 and bf16 the
+    layouts cost nothing, so dW takes them as they are.
+    """
+    if precision == "tf32" and grad.dy_t is not None:
+        return grad.dy_t.to(x.dtype) @ x
+    dy = grad.dy.to(x.dtype)
+    if precision == "tf32" and dy.is_cuda:
+        from autofuse.kernels.triton.host import transposed  # imports triton on first use only
+
+        return dy.t() @ transposed(x).t()
+    return dy.t() @ x
+
+
+def _bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a·b with bfloat16 operands, float32 accumulation, a float32 result (as the forward's bf16 GEMM)."""
+    if a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # a torch without out_dtype: one bf16 rounding more
+            return torch.mm(a, b).float()
+    return a.float() @ b.float()  # the CPU: rounded operands, float32 sums
+
+
+def saved_logits(x, weight, bias, y, y_bias, precision: str) -> torch.Tensor:
+    """The forward's logits x·Wᵀ + b from what it saved: y itself, y plus the bias it left to its
+    epilogue (bf16 cuBLAS), or (y None: the kernel never stored them) one GEMM again."""
+    if y is None:
+        return linear(x, weight, bias, precision)
+    return y.float() + y_bias if y_bias is not None else y
+
+
+def reduce_rows(t: torch.Tensor) -> torch.Tensor:
+    """Σ over the batch in float32 (a bias gradient), whatever ``t``'s dtype."""
+    return t.sum(0, dtype=torch.float32) if t.dtype != torch.float64 else t.sum(0)

@@ -1,0 +1,153 @@
+"""The host side of autofuse's Triton kernels: importing them, launching them, and the passes
+that prepare their operands. Used by the triton variants (``triton_variant``), their backwards
+(``variants/<problem>/gradients.py``, ``triton_backward``) and ``autograd``; imports triton only
+when a kernel module is first asked for (``kernel_module``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+# An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
+# inverse scales (else None): what ``triton_variant.input_operands`` and ``weight_operands`` return.
+Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its interpreter (on the CPU) in this process."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_missing() -> str | None:
+    """Why Triton cannot be imported here, or None."""
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install
+        return f"triton cannot be imported ({exc}); it ships with CUDA builds of torch, or `pip install triton`"
+    return None
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) rounded to TF32 to nearest, ties away from zero, as ``tf32_parts`` does in a kernel."""
+    return ((t.contiguous().view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+
+
+def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo), each a TF32 number, with hi + lo = t to about 2⁻²² relative."""
+    hi = round_tf32(t)
+    return hi, round_tf32(t - hi)
+
+
+def fp16_parts(t: torch.Tensor, split: bool) -> Operand:
+    """(hi, lo, inverse row scales) of a contiguous 2-D float32 ``t`` in float16, one program per
+    row (``triton_gemm.fp16_row_parts``); lo is hi again unless ``split``."""
+    rows, cols = t.shape
+    hi = torch.empty(rows, cols, device=t.device, dtype=torch.float16)
+    lo = torch.empty_like(hi) if split else hi
+    inv_scale = torch.empty(rows, device=t.device)
+    if rows:
+        block = min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
+        gemm_kernels().fp16_row_parts[(rows,)](t, hi, lo, inv_scale, cols, SPLIT=split, BLOCK=block,
+                                               num_warps=4 if block <= 1024 else 8)
+    return hi, lo, inv_scale
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """``t.t().contiguous()`` for a 2-D float32 tensor, by a Triton kernel where one can run
+    (``fused_kernels_apply``): torch's copy of a transposed view moved 0.9 TB/s on an H100
+    (0.070 ms for 1024×8192, the Triton one 0.027). The tf32 weight gradient takes x's copy where
+    no epilogue backward wrote dyᵀ (``autograd._weight_gradient``)."""
+    rows, cols = t.shape
+    block = 64
+    if not fused_kernels_apply(t) or t.numel() == 0 or -(-cols // block) > 65535:  # the grid's second dimension
+        return t.t().contiguous()
+    out = torch.empty(cols, rows, device=t.device, dtype=t.dtype)
+    gemm_kernels().transpose[(-(-rows // block), -(-cols // block))](t, out, rows, cols, BLOCK=block, num_warps=4)
+    return out
+
+
+def fused_kernels_apply(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
+    """Whether a backward's Triton kernels can take these tensors: of ``dtypes`` (float32 unless
+    the kernel converts what it loads) and contiguous, on CUDA (or on the CPU under the
+    interpreter), with Triton importable. Else the torch formula runs."""
+    if triton_missing() is not None:
+        return False
+    device = "cpu" if interpreting() else "cuda"
+    return all(t.dtype in dtypes and t.is_contiguous() and t.device.type == device for t in tensors)
+
+
+def kernel_module(name: str, package: str | None = None):
+    """The Triton kernel module ``name`` (relative to ``package`` if it starts with a dot),
+    imported on first use (it imports triton), its kernels launched through
+    ``autofuse.kernels.triton.launch``: one wrapper per module in the process, so the forward's variants
+    and the backwards share each kernel's launch cache."""
+    return _kernel_module(importlib.util.resolve_name(name, package))
+
+
+@functools.cache
+def _kernel_module(name: str):
+    from autofuse.kernels.triton.launch import Kernels
+
+    return Kernels(name)
+
+
+def problem_kernels(problem: str):
+    """``variants/<problem>/triton_kernels.py`` (see ``kernel_module``)."""
+    return kernel_module(f"autofuse.variants.{problem}.triton_kernels")
+
+
+def gemm_kernels():
+    """``autofuse.kernels.triton.gemm``: the shared main loop and ``tf32_parts`` (see ``kernel_module``)."""
+    return kernel_module("autofuse.kernels.triton.gemm")
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch_grid(m: int, n: int, block_m: int, block_n: int, persistent: bool, device: torch.device) -> tuple[int]:
+    """One program per tile of an (m × n) output, or (persistent) one per SM, never more than
+    there are tiles (4 under the interpreter, so its programs walk several tiles each)."""
+    tiles = -(-m // block_m) * -(-n // block_n)
+    if not persistent:
+        return (tiles,)
+    programs = 4 if device.type != "cuda" else sm_count(device.index if device.index is not None else 0)
+    return (min(tiles, programs),)
+
+
+def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[int, int, int] | None,
+                  w_descs: tuple | None = None) -> dict[str, Any]:
+    """The operand arguments of ``triton_gemm.tile_accumulator``: pointers, or with ``tma_blocks``
+    (BLOCK_M, BLOCK_N, BLOCK_K) tensor descriptors (W's ``w_descs`` where already made); the low
+    parts only if ``split``; the float16 rows' scales (None but on the float16 paths).
+
+    Operands the kernel does not read are None: Triton makes a None argument a constant, so
+    neither its binding nor the launcher's descriptor encoding costs host time per call."""
+    (x, x_lo, x_scale), (w, w_lo, w_scale) = xs, weights
+    if not split:
+        x_lo = w_lo = None
+    args = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": None, "x_lo_desc": None,
+            "w_desc": None, "w_lo_desc": None, "x_scale_ptr": x_scale, "w_scale_ptr": w_scale}
+    if tma_blocks is None:
+        args.update(x_ptr=x, x_lo_ptr=x_lo, w_ptr=w, w_lo_ptr=w_lo)
+        return args
+    block_m, block_n, block_k = tma_blocks
+    x_desc, x_lo_desc = descriptors((x, x_lo), block_m, block_k)
+    w_desc, w_lo_desc = w_descs if w_descs is not None else descriptors((w, w_lo), block_n, block_k)
+    args.update(x_desc=x_desc, x_lo_desc=x_lo_desc, w_desc=w_desc, w_lo_desc=w_lo_desc)
+    return args
+
+
+def descriptors(tensors, rows: int, block_k: int) -> tuple:
+    """A TMA descriptor of [rows, block_k] blocks for each tensor (None for None)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(None if t is None else TensorDescriptor.from_tensor(t, [rows, block_k]) for t in tensors)

@@ -1,0 +1,122 @@
+"""Which dispatch-table entries may serve a call, best first.
+
+A call asks for a precision; an entry tuned at that precision serves it, else one tuned at a
+stricter precision (``precision.serving_order``: fp32 serves tf32 and bf16, tf32 serves bf16,
+never the reverse), always under the same dtype, mode and autograd flag. Such an entry runs at
+the precision it was tuned at, under the math mode and the gate it passed there.
+
+Precision before batch size: for each serving precision, the exact shape, then the nearest
+tuned batch size. A configuration tuned at a nearby batch is the same kernel at the same
+arithmetic; a stricter precision can cost several times more (H100, 1024×8192², 99: the bf16
+entry ran 0.22 ms, the fp32 one 2.69 ms).
+
+On CUDA a stricter entry serves only where it is expected to beat the reference at the
+requested precision, which can be much faster than its own precision's reference: its speedup
+over its own eager must exceed ``REFERENCE_GAIN``, what the looser reference gained on an H100.
+Without that guard an fp32 gemm_bn entry (16384×4096², 11.30 ms, 1.02x its eager) would serve a
+bf16 call whose reference runs about 2 ms (2.2-2.4x the bf16 GEMM floor, issue 12); the fp32
+entry of 51 (0.051 ms, 110x its eager) and the tf32 entries of gemm_bn (1.13-1.22x their eager)
+still serve bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autofuse.core.precision import serving_order
+from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
+
+# How much faster the reference (eager) ran at the looser precision than at the stricter one,
+# H100, eager_ms in benchmarks/table.json: fp32 → tf32 5.70-6.96x (all five shapes and modes),
+# fp32 → bf16 5.94-6.63x and tf32 → bf16 0.97-1.04x (22, 99; autocast casts W and x every call).
+# Rounded up: the guard errs towards the reference. Without tensor cores (the CPU) nothing gains.
+REFERENCE_GAIN = {("fp32", "tf32"): 7.5, ("fp32", "bf16"): 7.5, ("tf32", "bf16"): 1.05}
+_INPUT_DTYPES = {"ieee": ("float32",), "fp32": ("float32",), "tf32": ("float32",), "bf16": ("float32", "bfloat16")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A table entry that may serve a call: tuned at ``precision`` (which it runs at) and ``shape``."""
+
+    entry: dict
+    precision: str
+    shape: str
+    exact_shape: bool
+    requested: str
+
+    @property
+    def source(self) -> str:
+        """What ``dispatch_info`` says: "tuned", "tuned at fp32", "nearest batch (...)", ..."""
+        how = "tuned" if self.exact_shape else f"nearest batch ({self.shape})"
+        if self.precision == self.requested:
+            return how
+        return f"{how} at {self.precision}" if self.exact_shape else f"{how}, tuned at {self.precision}"
+
+
+def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | None,
+               device_type: str) -> tuple[list[Found], list[tuple[int, str]]]:
+    """(entries that may serve, best first; why stricter entries that exist were passed over).
+
+    ``shapes`` is the table's shape key → dispatch key → entry mapping of one problem and device.
+    Each passed-over entry comes with its rank: how many of the found ones rank before it
+    (``passed_over_before`` keeps those that would have ranked before the one that serves).
+    """
+    found, passed_over = [], []
+    for precision in serving_order(dkey.precision):
+        if dkey.dtype not in _INPUT_DTYPES[precision]:
+            continue  # a bfloat16-input key exists only under bf16
+        key = dataclasses.replace(dkey, precision=precision).to_str()
+        exact = shapes.get(shape_key(shape), {}).get(key)
+        nearest = _nearest_batch(shapes, shape, key, batch_dim)
+        for skey, entry in ([(shape_key(shape), exact)] if exact is not None else []) + ([nearest] if nearest else []):
+            candidate = Found(entry, precision, skey, exact_shape=skey == shape_key(shape), requested=dkey.precision)
+            reason = slower_than_reference(entry, precision, dkey.precision, device_type)
+            if reason is None:
+                found.append(candidate)
+            else:
+                passed_over.append((len(found), f"the entry {candidate.source} ({entry.get('variant')}): {reason}"))
+    return found, passed_over
+
+
+def passed_over_before(passed_over: list[tuple[int, str]], served: int | None) -> list[str]:
+    """The reasons of the entries passed over that rank before ``found[served]`` (all of them
+    when nothing found serves, ``served`` None): a tf32 call served by its own tf32 entry need
+    not hear why a stricter fp32 entry, which ranks after it, would not have served."""
+    return [reason for rank, reason in passed_over if served is None or rank <= served]
+
+
+def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: str) -> str | None:
+    """Why an entry tuned at ``tuned`` is expected to lose to the reference at ``requested``, or None."""
+    gain = REFERENCE_GAIN.get(("fp32" if tuned == "ieee" else tuned, requested))
+    if gain is None or device_type != "cuda":
+        return None
+    median, eager = entry.get("median_ms"), entry.get("eager_ms")
+    if not (isinstance(median, (int, float)) and isinstance(eager, (int, float)) and median > 0):
+        return None  # nothing measured to judge by: the stricter entry serves
+    if eager / median > gain:
+        return None
+    return (f"{eager / median:.2f}x its eager at {tuned} is not above the {gain:g}x by which "
+            f"the reference gains at {requested}, so the reference at {requested} is expected to be faster")
+
+
+def _nearest_batch(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) -> tuple[str, dict] | None:
+    """(shape key, entry) tuned at the batch size nearest (in ratio) to ``shape``'s, other dims equal."""
+    if batch_dim is None or not shape.get(batch_dim):
+        return None
+    others = {k: v for k, v in shape.items() if k != batch_dim}
+    best = None
+    for skey, by_key in shapes.items():
+        try:
+            tuned = parse_shape_key(skey)
+        except ValueError:
+            continue
+        if dkey not in by_key or not tuned.get(batch_dim) or tuned == shape:
+            continue
+        if {k: v for k, v in tuned.items() if k != batch_dim} != others:
+            continue
+        distance = abs(math.log(tuned[batch_dim] / shape[batch_dim]))
+        if best is None or distance < best[0]:
+            best = (distance, skey, by_key[dkey])
+    return None if best is None else best[1:]
+

@@ -1,0 +1,337 @@
+"""``get_module``: a drop-in ``nn.Module`` that dispatches each call to the tuned variant.
+
+The module is an instance of a subclass of the problem's reference model, so its
+parameters, buffers, ``state_dict`` keys and attributes are exactly the reference's (a
+KernelBench ``Model``'s state_dict loads into it). Per call, (shape, dtype, device, grad
+need, train/eval) is looked up in a dict of ready callables: no file I/O, no compilation.
+A new key is resolved once from the dispatch table (read once per module): the entry tuned
+at the requested precision, else one tuned at a stricter precision or the nearest batch size
+(``autofuse.serve.dispatch``), else the reference, each said once. With tune-on-miss
+(``autofuse.serve.tune_on_miss``) a miss also queues a background tune whose winner is swapped in.
+
+Grad need is ``torch.is_grad_enabled() and (x.requires_grad or a parameter requires grad)``:
+under ``no_grad()`` or ``inference_mode()`` the key is the no-grad one. A call in grad mode
+gets the autograd entry (a variant whose forward saves what its backward needs) until
+``grad_mode.SWITCH_AFTER`` calls in a row have had no backward; then the no-grad entry, with a
+node that recomputes if a backward comes after all (``autofuse.serve.grad_mode``). The parameters
+are not walked per call: their tuple is cached and taken again after ``_apply`` (``.to()``,
+``.cuda()``) or after any parameter or submodule is assigned anywhere (torch's global
+registration hooks bump a counter); only their ``requires_grad`` flags are read, and only in
+grad mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+from torch import nn
+
+from autofuse.core import registry
+from autofuse.core.precision import check_dtype, check_precision, dtype_name, parse_dtype
+from autofuse.core.variant import EagerVariant, check_params
+from autofuse.errors import TableError
+from autofuse.serve import tune_on_miss as background
+from autofuse.serve.dispatch import Found, candidates, passed_over_before
+from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+
+log = logging.getLogger("autofuse")
+
+_subclasses: dict[type, type] = {}
+_is_grad_enabled = torch.is_grad_enabled
+# Bumped by torch's global hooks whenever any module registers a parameter or a submodule.
+_registrations = [0]
+_hooks_installed = False
+_KEPT_ON_COPY = ("problem", "precision", "table", "init_args", "budget", "_document", "_said")
+
+
+def get_module(problem: str, *init_args, table=None, precision: str = "fp32", tune_on_miss=None,
+               **init_kwargs) -> nn.Module:
+    """The reference model of ``problem`` built from ``init_args``, dispatching to tuned variants.
+
+    ``problem`` is a name, an alias or the path of a KernelBench file; ``table`` is a path (or
+    DispatchTable) to read instead of ``$AUTOFUSE_HOME/table.json``; ``precision`` ("ieee",
+    "fp32", "tf32", "bf16") is part of every lookup. ``tune_on_miss`` (True, a
+    ``background.TuneOnMiss`` budget, or None: ``$AUTOFUSE_TUNE_ON_MISS``) tunes untuned keys
+    in a background process.
+    """
+    prob = registry.get_problem(problem)
+    check_precision(precision)
+    budget = background.budget(tune_on_miss)
+    module = _dispatching_subclass(prob.model)(*init_args, **init_kwargs)
+    _attach(module, prob, precision, table, init_args, init_kwargs, budget)
+    return module
+
+
+def dispatching_class(problem, *, model: type | None = None, table=None, precision: str = "fp32",
+                      tune_on_miss=None) -> type:
+    """A subclass of ``model`` (default: the problem's reference class) whose instances dispatch
+    like ``get_module``'s: constructed from the reference's own init args, so it drops in
+    wherever the reference class is named (KernelBench's ``ModelNew``). ``problem`` is a name,
+    a path or a registered Problem; ``model`` must take the same init args as its reference."""
+    prob = registry.get_problem(problem if isinstance(problem, str) else problem.name)
+    check_precision(precision)
+    budget = background.budget(tune_on_miss)
+    base = _dispatching_subclass(model or prob.model)
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        _attach(self, prob, precision, table, args, kwargs, budget)
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__, "__doc__": base.__doc__})
+
+
+def _attach(module: nn.Module, prob, precision: str, table, args: tuple, kwargs: dict, budget=None) -> None:
+    table = table if isinstance(table, DispatchTable) else DispatchTable(table)
+    module._autofuse = Dispatcher(prob, precision, table, (tuple(args), dict(kwargs)), budget)
+
+
+def _dispatching_subclass(model_cls: type) -> type:
+    if model_cls not in _subclasses:
+        _subclasses[model_cls] = type(
+            f"Autofuse{model_cls.__name__}", (model_cls,),
+            {"forward": _dispatch_forward, "_apply": _apply_and_forget, "dispatch_info": _dispatch_info,
+             "_autofuse_reference_forward": model_cls.forward, "__module__": __name__,
+             "__doc__": f"{model_cls.__doc__ or ''}\n\nDispatching to autofuse's tuned variants (see autofuse.get_module)."},
+        )
+    return _subclasses[model_cls]
+
+
+def _dispatch_forward(self, x):
+    # The hot path: one attribute read, the key, one dict lookup. With a stub variant it cost
+    # 2.4 µs per call, of which nn.Module.__call__ 1.35 and the stub 0.3 (min of 15, loaded 2-core
+    # CPU); the key's old model.parameters() walk alone cost 5.6 µs in grad mode. On the GPU:
+    # tests/device/hot_path.py.
+    dispatcher = self._autofuse
+    try:
+        grad = _is_grad_enabled() and (x.requires_grad or dispatcher.parameters_need_grad(self))
+        key = (x.shape, x.dtype, x.device, grad, self.training)
+    except AttributeError:  # not a tensor: resolve raises the InputError naming it
+        key = None
+    call = dispatcher.ready.get(key)
+    if call is None:
+        call = dispatcher.resolve(self, x, key)
+    return call(self, x)
+
+
+def _apply_and_forget(self, fn, *args, **kwargs):
+    # .to(), .cuda(), .half() move or convert the parameters (and may replace them): variants
+    # built for the old device or dtype must be resolved again.
+    self._autofuse.forget()
+    return nn.Module._apply(self, fn, *args, **kwargs)
+
+
+def _dispatch_info(self, x) -> dict:
+    """Which variant a call with ``x`` dispatches to, and why (resolving it if needed): ``variant``,
+    ``params``, ``source`` ("tuned", "tuned at fp32", "nearest batch (...)", "no entry: reference",
+    ...), ``precision`` (the one it runs at), ``entry``, and with tune-on-miss ``tune_on_miss``.
+    In grad mode these describe the autograd entry, and ``without_backward`` says what serves
+    once ``grad_mode.SWITCH_AFTER`` calls in a row had no backward: ``since_backward`` (calls
+    so far), ``switch_after``, and the no-grad entry's ``variant`` and ``source``."""
+    dispatcher = self._autofuse
+    key = dispatcher.call_key(self, x)
+    call = dispatcher.call_for(self, x, key)
+    info = dict(dispatcher.info[key])
+    if key in dispatcher.tunes:
+        info["tune_on_miss"] = dispatcher.tunes[key].status
+    if isinstance(call, GradModeCall):
+        call.no_grad_call(self, x)
+        free = dispatcher.info[call.no_grad_key]
+        info["without_backward"] = {"since_backward": call.since_backward, "switch_after": SWITCH_AFTER,
+                                    "variant": free["variant"], "source": free["source"]}
+    return info
+
+
+def _count_registration(*_args) -> None:
+    _registrations[0] += 1
+
+
+def _install_registration_hooks() -> None:
+    global _hooks_installed
+    if not _hooks_installed:
+        nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+        nn.modules.module.register_module_module_registration_hook(_count_registration)
+        _hooks_installed = True
+
+
+class Dispatcher:
+    """Per-module dispatch state: ready callables by call key, and what each one is, and the
+    (args, kwargs) the module was built from (a KernelBench file problem reads its sizes there)."""
+
+    def __init__(self, problem, precision: str, table: DispatchTable, init_args: tuple[tuple, dict] | None = None,
+                 budget: background.TuneOnMiss | None = None):
+        self.problem, self.precision, self.table, self.init_args = problem, precision, table, init_args
+        self.budget = budget
+        self._document: dict | None = None
+        self._said: set[str] = set()
+        self._reset()
+        _install_registration_hooks()
+
+    def _reset(self) -> None:
+        self.ready: dict[tuple, object] = {}
+        self.info: dict[tuple, dict] = {}
+        self.tunes: dict[tuple, object] = {}  # call key -> its background tune
+        self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
+        self._params: tuple = ()
+        self._params_seen = -1
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy of the module) resolves its keys afresh: the built variants,
+        # the parameter cache, the lock and the background tunes are this module's.
+        return {k: v for k, v in self.__dict__.items() if k in _KEPT_ON_COPY}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- the call key -----------------------------------------------------------
+    def parameters_need_grad(self, model) -> bool:
+        for p in self._parameters(model):
+            if p.requires_grad:
+                return True
+        return False
+
+    def grad_parameters(self, model) -> tuple:
+        """The parameters that require grad, from the same cached tuple."""
+        return tuple(p for p in self._parameters(model) if p.requires_grad)
+
+    def _parameters(self, model) -> tuple:
+        if self._params_seen != _registrations[0]:
+            self._params_seen, self._params = _registrations[0], tuple(model.parameters())
+        return self._params
+
+    def call_key(self, model, x) -> tuple:
+        """The hot path's key, for any ``x`` (a non-tensor gives one that never matches)."""
+        if not isinstance(x, torch.Tensor):
+            return None
+        grad = _is_grad_enabled() and (x.requires_grad or self.parameters_need_grad(model))
+        return (x.shape, x.dtype, x.device, grad, model.training)
+
+    def forget(self) -> None:
+        with self._lock:
+            self.epoch += 1
+            self.ready.clear()
+            self._params_seen = -1
+
+    # -- resolving a key -----------------------------------------------------------
+    def call_for(self, model, x, key) -> object:
+        """The callable ready for ``key``, resolved first if it is not (the hot path,
+        ``_dispatch_forward``, does the same inline)."""
+        call = self.ready.get(key)
+        return call if call is not None else self.resolve(model, x, key)
+
+    def resolve(self, model, x, key) -> object:
+        self.problem.check_input(model, x)
+        key = key if key is not None else self.call_key(model, x)
+        check_dtype(x.dtype, self.precision)
+        shape = self.problem.shape_of(model, x)
+        dkey = DispatchKey(dtype_name(x.dtype), self.precision, self.problem.mode_of(model), autograd=key[3])
+        if shape is None:
+            self._say(f"no shape of {self.problem.name} describes a call with input {tuple(x.shape)} on a model "
+                      f"built from {self.init_args}; running the reference")
+        call, info = self.choose(self._load(), shape, dkey, x.device)
+        call = self._bound(key, call)
+        self.info[key], self.ready[key] = info, call
+        if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
+            self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
+            self._say(f"tune on miss: {self.problem.name} {shape_key(shape)} at {self.precision} is tuned in the "
+                      f"background (log {tune.log_path}); its winner replaces {info['variant']} once written")
+        return call
+
+    def choose(self, document: dict, shape: dict | None, dkey: DispatchKey, device: torch.device) -> tuple:
+        """(callable, info) for a call at ``shape`` and ``dkey`` on ``device``, from ``document``."""
+        if shape is None:  # resolve said so, naming the input
+            return self._reference("no shape: reference")
+        fingerprint = fingerprint_key(current_fingerprint(device))
+        shapes = document.get("devices", {}).get(fingerprint, {}).get("problems", {}).get(self.problem.name, {})
+        found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
+        where = f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()})"
+        for served, candidate in enumerate(found):
+            variant = self._instantiate(candidate, shape, dkey, device, where)
+            if variant is not None:
+                for reason in passed_over_before(passed_over, served):
+                    self._say(f"{where}: passing over {reason}")
+                if candidate.source != "tuned":
+                    self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
+                              f"{variant.name}, run at {candidate.precision}")
+                return variant, {"variant": variant.name, "params": variant.params,
+                                 "source": candidate.source, "precision": candidate.precision, "entry": candidate.entry}
+        for reason in passed_over_before(passed_over, None):
+            self._say(f"{where}: passing over {reason}")
+        if found:
+            return self._reference("unusable entry: reference")
+        mode = f" --mode {dkey.mode}" if dkey.mode != "any" else ""
+        hint = f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)} --precision {self.precision}{mode}"
+        self._say(f"no tuned entry for {where} on {fingerprint}; running the reference. To tune it: {hint}")
+        return self._reference("no entry: reference")
+
+    def _instantiate(self, candidate: Found, shape: dict, dkey: DispatchKey, device, where: str):
+        """The entry's variant built at the precision it was tuned at, or None (said why)."""
+        entry = candidate.entry
+        try:
+            variant_cls = registry.get_variant(self.problem.name, entry["variant"])
+            reason = variant_cls.admits(device.type, parse_dtype(dkey.dtype), candidate.precision, dkey.autograd)
+            if reason is not None:
+                raise ValueError(reason)
+            params = entry.get("params", {})
+            if not candidate.exact_shape:
+                params = variant_cls.params_elsewhere(params)
+                check_params(variant_cls, params, shape, device.type)
+                reason = variant_cls.only_where_gated(params)
+                if reason is not None:
+                    raise ValueError(f"{reason}; it was gated at {candidate.shape}, not this shape")
+            variant = variant_cls(candidate.precision, **params)
+            variant.build(str(device))
+            return variant
+        except Exception as exc:  # noqa: BLE001 - automatic selection falls back and says why
+            self._say(f"the tuned variant {entry.get('variant')!r} ({candidate.source}) for {where} "
+                      f"cannot be used ({exc}); trying the next entry or the reference")
+            return None
+
+    def _bound(self, key: tuple, call):
+        """What a call with ``key`` runs: ``call``, or for a grad-mode key a ``GradModeCall``
+        around it (the no-grad entry once backwards stop coming)."""
+        return GradModeCall(self, call, key) if key[3] else call
+
+    def _reference(self, how: str) -> tuple:
+        return EagerVariant(self.precision), {"variant": "eager", "params": {}, "source": how,
+                                              "precision": self.precision, "entry": None}
+
+    def refresh(self, waiting: list) -> None:
+        """Re-resolve keys waiting on background tunes against the table as it is now (the
+        watcher thread calls this, off the call path) and swap in what changed."""
+        try:
+            document = self.table.load()
+        except TableError:
+            return
+        self._document = document
+        for item in waiting:
+            call, info = self.choose(document, item.shape, item.dkey, item.device)
+            with self._lock:
+                old = self.info.get(item.key)
+                if item.epoch != self.epoch or old is None or _same(old, info):
+                    continue
+                self.info[item.key], self.ready[item.key] = info, self._bound(item.key, call)
+            self._say(f"{self.problem.name} {shape_key(item.shape)} ({item.dkey.to_str()}) now runs "
+                      f"{info['variant']} ({info['source']}), tuned in the background")
+
+    def _load(self) -> dict:
+        if self._document is None:
+            try:
+                self._document = self.table.load()
+            except TableError as exc:
+                self._say(f"{exc}; every call runs the reference until it is fixed")
+                self._document = {}
+        return self._document
+
+    def _say(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            log.warning("autofuse: %s", message)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("variant", "params", "source", "precision"))

@@ -1,0 +1,77 @@
+"""What a worker subprocess does with a candidate: build it, gate it, time it.
+
+Each function takes the worker's ``state`` dict first (prepared check cases and timing
+inputs, kept while the job stays the same) and returns picklable results. They can be
+called in-process too, which the tests do.
+"""
+
+from __future__ import annotations
+
+from autofuse.core import registry
+from autofuse.core.precision import parse_dtype
+from autofuse.core.variant import EagerVariant
+from autofuse.errors import BuildError
+from autofuse.tune.gate import CheckCase, build_case, check_cases, check_variant
+from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult
+from autofuse.tune.timed_call import forward_call, training_call
+from autofuse.tune.timing import Timing, time_callable, time_interleaved
+
+BASELINE = "eager-baseline"
+
+
+def _job_state(state: dict, job: Job) -> dict:
+    if state.get("job") != job:
+        state.clear()
+        state["job"] = job
+    return state
+
+
+def evaluate(state: dict, job: Job, candidate: Candidate) -> TrialResult:
+    """Build, check against float64, then time one candidate at the job's shape."""
+    state = _job_state(state, job)
+    problem = registry.get_problem(job.problem)
+    variant = registry.get_variant(job.problem, candidate.variant)(job.precision, **candidate.params)
+    try:
+        variant.build(job.device)
+    except BuildError as exc:
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc))
+    try:
+        check = check_variant(
+            variant, problem, check_cases(problem, job.shape, job.seed), job.device,
+            dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
+            cache=state.setdefault("cases", {}),
+        )
+    except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
+    # Read before timing: the gate's first call ran at the timed shape, so it is the one that compiled.
+    compile_s = getattr(variant, "compile_seconds", None)
+    if not check.ok:
+        return TrialResult(Outcome.INCORRECT, check.reason, check.error, compile_s=compile_s)
+    timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
+    return TrialResult(Outcome.OK, None, check.error, timing, compile_s=compile_s)
+
+
+def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> dict[str, Timing]:
+    """Time already-verified candidates and the eager baseline round-robin in one run."""
+    state = _job_state(state, job)
+    calls = {BASELINE: _timed_call(state, job, EagerVariant(job.precision), False)}
+    for candidate in candidates:
+        variant = registry.get_variant(job.problem, candidate.variant)(job.precision, **candidate.params)
+        variant.build(job.device)
+        calls[candidate.label()] = _timed_call(state, job, variant, candidate.autograd)
+    if any(c.autograd for c in candidates):
+        calls[BASELINE + " +grad"] = _timed_call(state, job, EagerVariant(job.precision), True)
+    return time_interleaved(calls, job.device, rounds=rounds)
+
+
+def _timed_call(state: dict, job: Job, variant, autograd: bool):
+    """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
+    a forward without autograd, or a training step (``autofuse.tune.timed_call``) for the autograd entry."""
+    if "timing_case" not in state:
+        problem = registry.get_problem(job.problem)
+        case = CheckCase(job.shape, "rand", job.seed, randomize=False)
+        state["timing_case"] = build_case(problem, case, job.device, parse_dtype(job.dtype), job.mode)
+    model, x = state["timing_case"]
+    if not autograd:
+        return forward_call(variant, model, x)
+    return training_call(variant, model, x, state.setdefault("upstream", {}), job.precision)

@@ -1,0 +1,305 @@
+"""The correctness gate: a variant against the float64 reference on fresh inputs.
+
+Each check case builds a fresh model (default init or randomized parameters), draws an
+input from one distribution, and compares the variant's output, and the state it leaves
+(BatchNorm running statistics), with a float64 copy of the reference. An output must first
+be what the reference returns (``check_contract``: its shape, dtype and device, contiguous),
+then finite where the reference is, fully written (outputs are allocated over NaN-poisoned
+memory on CUDA), within the problem's tolerance for the precision, and must not alias
+an earlier output; the input must come back unmodified.
+
+Ill-conditioned cases (softmax of logits in the hundreds) lose digits in any float32
+computation. So each case also measures the reference model itself run at the checked
+precision, the "floor", and a bound is never tighter than 4x the floor's error.
+On well-conditioned inputs the floor is far below the tolerance, which then decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from autofuse.core.precision import dtype_name, math_mode
+from autofuse.core.problem import Problem, Tolerance
+from autofuse.core.variant import Variant
+
+FLOOR_FACTOR = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    shape: Mapping[str, int]
+    distribution: str
+    seed: int
+    randomize: bool
+
+    def describe(self) -> str:
+        params = "randomized" if self.randomize else "default-init"
+        return f"{','.join(f'{k}={v}' for k, v in self.shape.items())} {self.distribution} {params} seed={self.seed}"
+
+
+@dataclasses.dataclass
+class CheckResult:
+    ok: bool
+    error: float  # worst relative L2 error over the cases
+    reason: str | None = None
+
+
+def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[CheckCase]:
+    """The tuned shape under every distribution (default and randomized parameters) plus an odd small shape."""
+    cases = [
+        CheckCase(dict(shape), "rand", seed, randomize=False),
+        CheckCase(dict(shape), "randn", seed + 1, randomize=True),
+        CheckCase(dict(shape), "large", seed + 2, randomize=True),
+    ]
+    odd = problem.odd_shape(shape)
+    return cases if odd is None else cases + [CheckCase(odd, "randn", seed + 3, randomize=True)]
+
+
+def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
+    """The model and input of a case, identical for every variant checked on it."""
+    generator = torch.Generator().manual_seed(case.seed)
+    args, kwargs = problem.check_init_args(case.shape, case.distribution)
+    torch.manual_seed(case.seed)  # default init draws from the global generator
+    model = problem.model(*args, **kwargs)
+    if case.randomize:
+        problem.randomize_parameters(model, generator, case.distribution)
+    model.train(mode != "eval")
+    model = model.to(device=device, dtype=dtype)
+    x = problem.make_input(case.shape, case.distribution, generator, device=device, dtype=dtype)
+    return model, x
+
+
+def floor_output(model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor:
+    """The reference model run at ``precision`` on a copy: what plain PyTorch achieves."""
+    from autofuse.core.variant import EagerVariant
+
+    with torch.no_grad():
+        return EagerVariant(precision)(copy.deepcopy(model), x)
+
+
+def poison_allocator(device: torch.device, nbytes: int) -> None:
+    """Fill freed CUDA cache memory with NaN so an output element nobody writes reads NaN."""
+    if device.type != "cuda":
+        return
+    block = torch.empty(max(nbytes, 1) // 4 + 1024, dtype=torch.float32, device=device)
+    block.fill_(float("nan"))
+    del block
+
+
+def check_contract(out, expected: torch.Tensor) -> str | None:
+    """Why ``out`` cannot stand in for ``expected`` (the reference's output at the checked dtype
+    and device), or None. A drop-in module returns what the reference returns: the same shape,
+    dtype and device, and a contiguous (dense, row-major) tensor, as every reference here
+    returns. Right values as float64 would turn the caller's next ops float64; in transposed
+    storage they make the caller's ``.view()`` raise and a kernel that reads ``data_ptr()`` row
+    by row read columns. Where a reference's own output is not contiguous, its strides are the
+    contract instead."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    for what, got, want in (("shape", tuple(out.shape), tuple(expected.shape)),
+                            ("dtype", dtype_name(out.dtype), dtype_name(expected.dtype)),
+                            ("device", str(out.device), str(expected.device))):
+        if got != want:
+            return f"the output's {what} must be the reference's {want}, got {got}"
+    if expected.is_contiguous() and not out.is_contiguous():
+        return f"the output must be contiguous as the reference's is (strides {expected.stride()}), got strides {out.stride()}"
+    if not expected.is_contiguous() and out.stride() != expected.stride():
+        return f"the output's strides must be the reference's {expected.stride()}, got {out.stride()}"
+    return None
+
+
+def compare(out, ref: torch.Tensor, floor: torch.Tensor | None, tol: Tolerance) -> tuple[float, str | None]:
+    """(relative L2 error, reason it fails or None)."""
+    if not isinstance(out, torch.Tensor):
+        return float("inf"), f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf"), f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    got = out.detach().to(device=ref.device, dtype=torch.float64)
+    finite = torch.isfinite(ref)
+    bad_nonfinite = ~torch.isfinite(got) & finite
+    if bad_nonfinite.any():
+        return float("inf"), f"{int(bad_nonfinite.sum())} NaN/inf elements where the reference is finite{_first(bad_nonfinite, got, ref)}"
+    diff = (got - ref).where(finite, torch.zeros_like(got))
+    ref_norm = ref.where(finite, torch.zeros_like(ref)).norm().item()
+    error = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
+    rel_bound, atol = tol.rel_l2, tol.atol
+    if floor is not None:
+        floor_diff = (floor.detach().to(ref.device, torch.float64) - ref).where(finite, torch.zeros_like(ref))
+        floor_norm = floor_diff.norm().item()
+        rel_bound = max(rel_bound, FLOOR_FACTOR * (floor_norm / ref_norm if ref_norm > 0 else floor_norm))
+        atol = max(atol, FLOOR_FACTOR * floor_diff.abs().max().item()) if floor_diff.numel() else atol
+    if not error <= rel_bound:
+        return error, f"relative L2 error {error:.3g} > {rel_bound:.3g}"
+    outside = diff.abs() > atol + tol.rtol * ref.abs()
+    if outside.any():
+        return error, f"{int(outside.sum())}/{outside.numel()} elements off by more than atol={atol:.3g} + rtol={tol.rtol:g}·|ref|{_first(outside, got, ref)}"
+    return error, None
+
+
+def _first(mask: torch.Tensor, got: torch.Tensor, ref: torch.Tensor, count: int = 3) -> str:
+    idx = mask.nonzero()[:count]
+    shown = ", ".join(f"{tuple(i.tolist())}: got {got[tuple(i)].item():.6g} expected {ref[tuple(i)].item():.6g}" for i in idx)
+    return f"; first: {shown}"
+
+
+@dataclasses.dataclass
+class PreparedCase:
+    """A case's pristine model and input with their float64 reference and floor, computed once.
+
+    Tuning checks many candidates on the same cases, so these are cached (``cache=`` below):
+    each run gets a deep copy of the pristine model, never the original.
+    """
+
+    case: CheckCase
+    model: nn.Module
+    x: torch.Tensor
+    ref: torch.Tensor
+    ref_model: nn.Module
+    floor: torch.Tensor
+
+
+def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> PreparedCase:
+    model, x = build_case(problem, case, device, dtype, mode)
+    ref, ref_model = problem.reference(model, x)
+    return PreparedCase(case, model, x, ref, ref_model, floor_output(model, x, precision))
+
+
+def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], device, *,
+                  dtype=torch.float32, mode: str = "train", autograd: bool = False,
+                  cache: dict | None = None) -> CheckResult:
+    """Run ``variant`` on every case (and check its gradients if ``autograd``); the first failure ends the check."""
+    device = torch.device(device)
+    tol = problem.tolerance(variant.precision)
+    cache = {} if cache is None else cache
+    worst = 0.0
+    for i, case in enumerate(cases):
+        batch = case.shape.get(problem.batch_dim, problem.min_train_batch)
+        if mode == "train" and problem.mode_sensitive and batch < problem.min_train_batch:
+            continue
+        if variant.params not in type(variant).configs(case.shape, device.type):
+            continue  # a configuration made for other sizes (a row held in registers) is not run here
+        key = (problem.name, case.describe(), str(device), dtype, mode, variant.precision)
+        if key not in cache:
+            cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
+        error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
+        if reason is None and autograd and problem.gradient_check_applies(case, mode, variant.precision):
+            # Gradient errors are not folded into the reported error: some reference gradients
+            # are exactly zero (the bias under training-mode BN), where a ratio means nothing.
+            _, reason = check_gradients(variant, problem, cache[key], mode)
+        worst = max(worst, error)
+        if reason is not None:
+            return CheckResult(False, error, f"{reason} [case {case.describe()}]")
+    return CheckResult(True, worst)
+
+
+def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> tuple[float, str | None]:
+    model, x = copy.deepcopy(prepared.model), prepared.x.clone()
+    params_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    poison_allocator(x.device, prepared.ref.numel() * 4 * 2)
+    with torch.no_grad():
+        out = variant(model, x)
+    reason = check_contract(out, prepared.floor)
+    if reason is not None:
+        return float("inf"), reason
+    error, reason = compare(out, prepared.ref, prepared.floor, tol)
+    if reason is None:
+        reason = _check_side_effects(problem, model, prepared.ref_model, x, prepared.x, params_before, tol)
+    if reason is None and check_update:
+        reason = _check_no_alias(variant, model, x, out) or _check_after_update(variant, problem, model, x, tol)
+    return error, reason
+
+
+def _check_side_effects(problem, model, ref_model, x, x_before, params_before, tol) -> str | None:
+    if not torch.equal(x, x_before):
+        return "the input was modified"
+    for name, param in model.named_parameters():
+        if not torch.equal(param.detach(), params_before[name]):
+            return f"parameter {name} was modified"
+    expected = problem.state_to_compare(ref_model)
+    for name, buf in problem.state_to_compare(model).items():
+        want = expected[name]
+        if not buf.is_floating_point():
+            if not torch.equal(buf.cpu(), want.cpu().to(buf.dtype)):
+                return f"buffer {name} is {buf.tolist()}, expected {want.tolist()}"
+            continue
+        _, reason = compare(buf, want, None, tol)
+        if reason is not None:
+            return f"buffer {name} (running statistic) wrong: {reason}"
+    return None
+
+
+def _check_after_update(variant, problem, model, x, tol) -> str | None:
+    """After an in-place parameter update (an optimizer step), the output must follow it:
+    weights a variant folded and cached must be recomputed."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+            spread = param.detach().float().std() if param.numel() > 1 else torch.ones(())
+            param.add_(noise * (spread.nan_to_num(1.0) + 0.1).to(param.device, param.dtype))
+    ref, _ = problem.reference(model, x)
+    floor = floor_output(model, x, variant.precision)
+    with torch.no_grad():
+        out = variant(model, x)
+    reason = check_contract(out, floor) or compare(out, ref, floor, tol)[1]
+    return None if reason is None else f"after an in-place parameter update: {reason}"
+
+
+def _check_no_alias(variant, model, x, out) -> str | None:
+    """A second call must not write into, or return, the first call's output."""
+    first = out.detach().clone()
+    with torch.no_grad():
+        again = variant(copy.deepcopy(model), x)
+    if isinstance(again, torch.Tensor) and again.data_ptr() == out.data_ptr():
+        return "a second call returned the same storage as the first (outputs alias)"
+    if not torch.equal(out, first):
+        return "a second call overwrote the first call's output"
+    return None
+
+
+def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, mode: str) -> tuple[float, str | None]:
+    """Gradients of a random cotangent w.r.t. the input and every parameter, against float64."""
+    tol = problem.tolerance(variant.precision)
+    generator = torch.Generator().manual_seed(prepared.case.seed + 7)
+    cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
+    kinked = problem.rows_on_a_kink(prepared.model, prepared.x, variant.precision)
+    if kinked is not None:
+        cotangent[kinked.to(cotangent.device)] = 0.0  # their gradient is either side's (``rows_on_a_kink``)
+
+    def grads(run, model, dtype):
+        # The backward under the precision's math mode too, as a user training at that precision
+        # runs it: eager's floor at tf32 is then a TF32 backward, not an fp32 one.
+        with math_mode(variant.precision):
+            x = prepared.x.detach().to(dtype).requires_grad_(True)
+            out = run(model, x)
+            if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                return None
+            out.backward(cotangent.to(out.dtype))
+        return {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+
+    from autofuse.core.variant import EagerVariant
+
+    got = grads(variant, copy.deepcopy(prepared.model), prepared.x.dtype)
+    if got is None:
+        return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
+    want = grads(lambda m, x: m(x), problem.reference_model(prepared.model), torch.float64)
+    floor = grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), prepared.x.dtype)
+    worst = 0.0
+    invariant = problem.invariant_parameters(mode)
+    for name, expected in want.items():
+        expected = torch.zeros_like(prepared.x, dtype=torch.float64) if expected is None else expected
+        actual = got[name] if got[name] is not None else torch.zeros_like(expected)
+        if name in invariant:
+            if not torch.isfinite(actual).all():
+                return worst, f"gradient of {name} is not finite"
+            continue
+        error, reason = compare(actual, expected, floor[name] if floor[name] is not None else torch.zeros_like(expected), tol)
+        worst = max(worst, error)
+        if reason is not None:
+            return worst, f"gradient of {name}: {reason}"
+    return worst, None

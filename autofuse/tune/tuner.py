@@ -1,0 +1,361 @@
+"""``autofuse.tune``: search every admitted variant's configurations, keep the fastest correct one.
+
+Per shape: an Optuna study proposes candidates, a worker subprocess builds, gates and times
+each (a crash, hang or wrong answer is a recorded outcome), then the best few are re-timed
+interleaved with eager in one run and the simplest one within the noise of the fastest wins.
+The winner for inference, and the best autograd-capable variant for calls that need
+gradients, are written to the dispatch table. Several processes may search one study at once
+(``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``;
+each of the ``workers`` processes runs this module (``main``), which calls ``search_only``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping
+
+import torch
+
+from autofuse.core import registry
+from autofuse.core.precision import check_dtype, check_precision, dtype_name, parse_dtype
+from autofuse.core.problem import Problem
+from autofuse.errors import AutofuseError, InputError, TableError
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.tune import parallel
+from autofuse.tune import study as studies
+from autofuse.tune.evaluate import BASELINE
+from autofuse.tune.outcome import Outcome
+from autofuse.tune.search import search
+from autofuse.tune.selection import Row, choose
+from autofuse.tune.storage import open_storage
+from autofuse.tune.worker import Candidate, Job, Worker
+
+MAX_DEFAULT_TRIALS = 40
+# Configurations of one variant the autograd entry gates with gradients, fastest forward first,
+# before it gives that variant up: a forward's best tiles can compile into a kernel whose stored
+# tensors are wrong where its result is right (Triton 3.6, tests/device/NOTES.md, twelfth session).
+GRAD_TRIES = 3
+
+
+@dataclasses.dataclass
+class TuneResult:
+    problem: str
+    shape: dict
+    fingerprint: dict
+    key: DispatchKey
+    winner: dict | None  # the table entry written, None if nothing passed
+    grad_winner: dict | None
+    rows: list[Row]
+    table_path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How each shape is searched; what ``--workers`` processes receive (less ``backend``) as JSON."""
+
+    n_trials: int | None
+    timeout: float | None
+    trial_timeout: float
+    variants: list[str] | None
+    storage: str | None  # the URL, for worker processes
+    workers: int = 1
+    autograd_entry: bool = True
+    progress: bool = True
+    backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "backend"}
+
+
+def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | None = None,
+         dtype: str = "float32", precision: str = "fp32", mode: str | None = None,
+         n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
+         trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
+         storage=None, workers: int = 1, progress: bool = True) -> list[TuneResult]:
+    """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
+
+    ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
+    ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
+    (``autofuse.tune.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
+    and machines may share; ``workers`` processes search each shape at once, one per GPU (or
+    all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
+    """
+    prob = registry.get_problem(problem)
+    shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
+    settings = _settings(prob, device, dtype, precision, mode, seed)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers must be an int >= 1, got {workers!r}")
+    url = os.fspath(storage) if isinstance(storage, (str, os.PathLike)) else None
+    if workers > 1 and storage is not None and url is None:
+        raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
+    plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress,
+                backend=open_storage(storage))  # a bad URL fails here, before any work
+    table = table if isinstance(table, DispatchTable) else DispatchTable(table)
+    with Worker() as worker:
+        return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
+
+
+def _settings(prob: Problem, device, dtype, precision, mode, seed) -> dict:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} asked for, but torch.cuda.is_available() is False here")
+    check_precision(precision)
+    check_dtype(parse_dtype(dtype), precision)
+    if mode is None:
+        mode = "train" if prob.mode_sensitive else "any"
+    if mode not in (("train", "eval") if prob.mode_sensitive else ("any", "train", "eval")):
+        raise InputError(f"mode must be 'train' or 'eval', got {mode!r}")
+    mode = mode if prob.mode_sensitive else "any"
+    seed = random.randrange(2**31) if seed is None else int(seed)
+    return {"device": device, "dtype": dtype, "precision": precision, "mode": mode, "seed": seed}
+
+
+def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) -> dict[str, list[dict]]:
+    """Valid configurations of every variant admitted for this key, by variant name."""
+    device_type = torch.device(settings["device"]).type
+    dtype = parse_dtype(settings["dtype"])
+    table = registry.variants(prob.name)
+    if only:
+        unknown = [name for name in only if name not in table]
+        if unknown:
+            raise InputError(f"{prob.name} has no variant(s) {unknown}; known: {sorted(table)}")
+        table = {name: table[name] for name in only}
+    spaces = {}
+    for name, variant in table.items():
+        if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
+            configs = variant.configs_for(shape, device_type, settings["precision"])
+            if configs:
+                spaces[name] = configs
+    if not spaces:
+        raise InputError(f"no variant of {prob.name} is admitted on {device_type} at {settings['precision']} {settings['dtype']}")
+    return spaces
+
+
+def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
+    """The shape's search space, job, fingerprint, dispatch key, study name and study.
+
+    A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
+    """
+    spaces = _spaces(prob, shape, settings, plan.variants)
+    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
+    # Read in this process: a rerun whose trials are all done then never starts a worker.
+    fingerprint = current_fingerprint(settings["device"])
+    key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    # Nothing process-specific (such as the seed) goes into the name: cooperating processes share the study.
+    name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
+                     studies.space_hash(registry.variants(prob.name), spaces)])
+    study = studies.open_study(name, settings["seed"], plan.backend)
+    studies.enqueue_starting_points(study, spaces, _recorded_configs(table, fingerprint, prob, shape, key))
+    return spaces, job, fingerprint, key, name, study
+
+
+def _total(plan: Plan, spaces: dict) -> int:
+    return plan.n_trials if plan.n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+
+
+def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
+    spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan, table)
+    total = _total(plan, spaces)
+    before = len(studies.finished(study))
+    label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
+    if plan.workers > 1:
+        parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
+                        plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tune.tuner"])
+        # What they left undone (a worker died, say) this process searches for itself.
+        timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+    results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
+    rows = _rows(results, registry.variants(prob.name), spaces)
+    by_speed = _ok_by_speed(results, spaces)
+    n_done = len(studies.finished(study))
+    recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
+    if n_done == before and recorded is not None and recorded[0].get("study") == name and recorded[0].get("trials") == n_done:
+        # Nothing new was measured and the table holds this study's choice: keep it (a rerun
+        # of a tuned shape costs no device time).
+        winner, grad_winner = recorded
+    else:
+        winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
+                                      by_speed)
+        for note in _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner):
+            print(f"autofuse: {note}")
+        _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+    return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
+
+
+def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: str) -> None:
+    """One ``--workers`` process: search ``study`` alongside the others; the caller chooses."""
+    prob = registry.get_problem(problem)
+    plan = Plan(**plan)
+    plan = dataclasses.replace(plan, backend=open_storage(plan.storage))  # None: the default journal
+    spaces, job, _, _, name, opened = _open(prob, prob.normalize_shape(shape), settings, plan)
+    if name != study:
+        raise InputError(f"this worker's study {name!r} differs from its parent's {study!r}: its device "
+                         f"({settings['device']}) or variants differ, so its timings would not be comparable")
+    total = _total(plan, spaces)
+    with Worker() as worker:
+        search(opened, spaces, job, worker, total, plan.timeout, plan.trial_timeout, False, name)
+
+
+def _recorded_entries(table, fingerprint, prob, shape, key) -> tuple[dict | None, dict | None]:
+    """The forward and autograd entries ``table`` holds for the key (None where it has none).
+    Raises TableError for a table that cannot be read."""
+    lookup = lambda k: table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), k)  # noqa: E731
+    return lookup(key), lookup(dataclasses.replace(key, autograd=True))
+
+
+def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
+    """(entry, autograd entry) already in the table for this key, or None."""
+    try:
+        entry, grad = _recorded_entries(table, fingerprint, prob, shape, key)
+    except TableError:
+        return None
+    grad = grad if autograd_entry else None
+    if entry is None or (autograd_entry and grad is None):
+        return None
+    return entry, grad
+
+
+def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, dict]]:
+    """(variant, params) of the forward and autograd entries ``table`` holds for the key."""
+    if table is None:
+        return []
+    try:
+        entries = _recorded_entries(table, fingerprint, prob, shape, key)
+    except TableError:
+        return []  # a corrupt table is reported when the result is recorded
+    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries if entry is not None]
+
+
+def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
+    """Each variant's best configuration, or its most informative failure."""
+    rows = []
+    for name in spaces:
+        mine = {label: r for (v, label), r in results.items() if v == name}
+        ok = {label: r for label, r in mine.items() if r.outcome is Outcome.OK}
+        if ok:
+            label = min(ok, key=lambda lab: ok[lab].timing.median_ms)
+            config = next(c for c in spaces[name] if studies.config_label(c) == label)
+            rows.append(Row(name, variants[name].rank(), config, ok[label], len(mine)))
+        elif mine:
+            rows.append(Row(name, variants[name].rank(), {}, next(iter(mine.values())), len(mine)))
+        else:
+            rows.append(Row(name, variants[name].rank(), {}, None, 0))
+    return rows
+
+
+def _ok_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
+    """Each variant's configurations that passed the forward gate, fastest first."""
+    ranked = {}
+    for name in spaces:
+        ok = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
+                    if v == name and r.outcome is Outcome.OK)
+        configs = {studies.config_label(c): c for c in spaces[name]}
+        ranked[name] = [configs[label] for _, label in ok if label in configs]
+    return ranked
+
+
+def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None):
+    """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
+    ones, each gated with gradients and timed as a training step (``autofuse.tune.timed_call``). A variant
+    whose fastest forward configuration fails with gradients is gated at its next fastest ones
+    (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up."""
+    variants = registry.variants(prob.name)
+    winner = choose(job, rows, worker, trial_timeout, autograd=False)
+    grad_winner, grad_rows = None, []
+    if autograd_entry:
+        for row in rows:
+            if row.ok and variants[row.variant].supports_autograd:
+                tries = [row.params] + [c for c in (by_speed or {}).get(row.variant, []) if c != row.params]
+                first = None  # the fastest configuration's failure, reported if none passes
+                for params in tries[:GRAD_TRIES]:
+                    checked = worker.call("evaluate", (job, Candidate(row.variant, params, autograd=True)), trial_timeout)
+                    if checked.outcome is Outcome.OK:
+                        grad_rows.append(dataclasses.replace(row, params=params, result=checked))
+                        break
+                    first = first or dataclasses.replace(row, result=checked)
+                else:
+                    grad_rows.append(first)
+        grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
+    stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "seed": job.seed, "study": study_name}
+    # Every variant's best, so `autofuse bench` can measure them all again; the autograd
+    # entry's times are training steps (forward + backward), its candidates' too.
+    for entry, timed, step in ((winner, rows, "forward"), (grad_winner, grad_rows, "forward+backward")):
+        if entry is not None:
+            entry.update(stamp, step=step, source_hash=variants[entry["variant"]].source_hash(), candidates=_candidates(timed))
+    return winner, grad_winner
+
+
+def _candidates(rows: list[Row]) -> dict:
+    return {
+        row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
+                      "median_ms": row.timing.median_ms if row.ok else None,
+                      "error": row.result.error if row.result else None,
+                      "reason": (row.result.reason or "")[:300] if row.result else "",
+                      **_compile_s(row)}
+        for row in rows
+    }
+
+
+def _compile_s(row: Row) -> dict:
+    """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
+    seconds = row.result.compile_s if row.result else None
+    return {} if seconds is None else {"compile_s": round(seconds, 3)}
+
+
+def _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner) -> list[str]:
+    """What to say where this tune replaces an entry whose winner it did not run and that had
+    measured faster: the new entry stands (this tune's side-by-side choice), but a retune with a
+    narrower ``--variants`` should not slow a key down unannounced (it did: gemm_bn's 16384 bf16
+    training forward, compiled 1.011 ms, replaced by triton's 1.102; tests/device/NOTES.md)."""
+    try:
+        recorded = _recorded_entries(table, fingerprint, prob, shape, key)
+    except TableError:
+        return []
+    notes = []
+    for previous, new, what in zip(recorded, (winner, grad_winner), ("entry", "autograd entry")):
+        if not previous or not new or previous.get("variant") in new.get("candidates", {}):
+            continue
+        was, now = previous.get("median_ms"), new.get("median_ms")
+        if isinstance(was, (int, float)) and isinstance(now, (int, float)) and was < now:
+            notes.append(f"{prob.name} {shape_key(shape)} {what}: {previous['variant']} ({was:.4g} ms, tuned "
+                         f"{str(previous.get('date', '?'))[:10]}) was not among the variants tuned now and is "
+                         f"replaced by {new['variant']} ({now:.4g} ms); tune with --variants including "
+                         f"{previous['variant']} to compare them side by side")
+    return notes
+
+
+def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:
+    items = [(fingerprint, prob.name, shape_key(shape), k.to_str(), entry)
+             for k, entry in ((key, winner), (dataclasses.replace(key, autograd=True), grad_winner)) if entry is not None]
+    if not items:
+        return
+    try:
+        table.record_many(items)
+    except TableError as exc:
+        # The table on disk is someone's record: leave it intact, keep this run's result beside it.
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+        rescue.record_many(items)
+        print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
+
+
+def main(argv: list[str]) -> int:
+    """A ``--workers`` process (``python -m autofuse.tune.tuner SPEC``): ``search_only(**SPEC)``."""
+    try:
+        search_only(**json.loads(argv[0]))
+    except AutofuseError as exc:
+        print(f"autofuse worker {os.getpid()}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,135 @@
+"""Candidates run in a worker subprocess, so a crash, a hang or a CUDA error is an outcome.
+
+The parent (``Worker``) sends a job and a candidate over a pipe and waits with a timeout.
+A worker that dies (segfault, abort) or overruns is killed and replaced; one whose CUDA
+context may be broken (illegal address) reports ``poisoned`` and is replaced too. The child
+keeps its prepared check cases and timing inputs between candidates of one job, so the
+float64 references are computed once per tune, not once per trial.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+# Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
+from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
+
+STARTUP_TIMEOUT_S = 300.0
+
+
+# -- the parent's side -----------------------------------------------------------
+class Worker:
+    """One worker subprocess at a time, restarted whenever a candidate breaks it.
+
+    The child is a fresh ``python -m autofuse.tune.worker`` (not multiprocessing's spawn, which
+    would re-run the caller's ``__main__`` script), talking over its own socket so that
+    whatever a variant prints cannot corrupt the protocol.
+    """
+
+    def __init__(self):
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tune.worker", str(theirs.fileno())],
+                                      pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        try:
+            ready = self._conn.poll(STARTUP_TIMEOUT_S) and self._conn.recv() == "ready"
+        except (EOFError, ConnectionError):
+            ready = False
+        if not ready:
+            self.close()
+            raise RuntimeError("the autofuse worker subprocess did not start (run `python -m autofuse.tune.worker` to see why)")
+
+    def call(self, op: str, payload: tuple, timeout: float) -> Any:
+        """Run ``op`` in the worker; a death or overrun becomes a TrialResult instead of an exception."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        self._conn.send((op, payload))
+        if self._conn.poll(timeout):
+            try:
+                result = self._conn.recv()
+            except (EOFError, ConnectionError):
+                return self._died()
+            if isinstance(result, TrialResult) and result.poisoned:
+                self.close()
+            return result
+        self.close()
+        return TrialResult(Outcome.TIMED_OUT, f"no result within {timeout:g} s; the worker was killed")
+
+    def _died(self) -> TrialResult:
+        try:
+            code = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.close()
+        if code is not None and code < 0:
+            try:
+                how = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        else:
+            how = f"exit code {code}"
+        return TrialResult(Outcome.RUNTIME_FAILED, f"the worker process died ({how})")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # an idle child reads EOF and exits
+        if self._proc is not None:
+            try:
+                self._proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- the child's side -------------------------------------------------------------
+def _serve(conn) -> None:
+    from autofuse.tune import evaluate  # imported here: the parent need not import torch's CUDA state
+
+    conn.send("ready")
+    state: dict = {}
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:
+            return
+        try:
+            result = getattr(evaluate, op)(state, *payload)
+        except BaseException as exc:  # noqa: BLE001 - any failure is the candidate's outcome
+            result = TrialResult(Outcome.RUNTIME_FAILED, _describe(exc), poisoned=_is_cuda_error(exc))
+        conn.send(result)
+
+
+def main(argv: list[str]) -> None:
+    _serve(Connection(int(argv[0])))
+
+
+def _describe(exc: BaseException) -> str:
+    lines = traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).strip()[:2000]
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in ("CUDA error", "AcceleratorError", "cudaError", "CUBLAS_STATUS", "device-side assert"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -26,7 +26,7 @@ def __getattr__(name):
         from autofuse.core.variant import Variant
         return Variant
     if name == "tune":
-        from autofuse.tune.tuner import tune
+        from autofuse.tuning.tuner import tune
         return tune
     if name == "get_module":
         from autofuse.serve.runtime import get_module

@@ -128,7 +128,7 @@ def _list(args) -> None:
 
 
 def _tune(args) -> None:
-    from autofuse.tune.tuner import tune
+    from autofuse.tuning.tuner import tune
 
     results = tune(args.problem, args.shape, device=args.device, dtype=args.dtype, precision=args.precision,
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,

@@ -20,7 +20,7 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.problem import CONFORMANCE_SIZES as CONFORMANCE_SHAPES  # noqa: F401 - kept importable
-from autofuse.tune.gate import CheckCase, check_variant
+from autofuse.tuning.gate import CheckCase, check_variant
 
 DISTRIBUTIONS = (("rand", False), ("randn", True), ("large", True))
 

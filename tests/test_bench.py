@@ -97,7 +97,7 @@ def test_verdict_says_by_how_much_a_target_is_missed(ratio, target, behind, verd
 
 def _row(name, role, ms):
     from autofuse.bench.report import BenchRow
-    from autofuse.tune.timing import Timing
+    from autofuse.tuning.timing import Timing
 
     return BenchRow(name, role, {}, Timing(ms, ms, ms, 3))
 

@@ -18,9 +18,9 @@ from autofuse.core import plugins, registry
 from autofuse.kernelbench.export import export_kernelbench
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
 from autofuse.testing import assert_variant_conforms
-from autofuse.tune import evaluate
-from autofuse.tune.outcome import Outcome, TrialResult
-from autofuse.tune.worker import Candidate, Job
+from autofuse.tuning import evaluate
+from autofuse.tuning.outcome import Outcome, TrialResult
+from autofuse.tuning.worker import Candidate, Job
 
 GEMM = pathlib.Path(__file__).parent / "kernelbench" / "gemm_sigmoid_sum.py"  # KernelBench 2-56, small sizes
 DEFAULT = {"mode": "default", "dynamic": False}

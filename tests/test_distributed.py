@@ -15,9 +15,9 @@ from helpers import use_test_plugins
 import autofuse
 from autofuse.core import plugins
 from autofuse.serve.table import DispatchTable
-from autofuse.tune import parallel
-from autofuse.tune import shared_study as shared
-from autofuse.tune.storage import masked, open_storage
+from autofuse.tuning import parallel
+from autofuse.tuning import shared_study as shared
+from autofuse.tuning.storage import masked, open_storage
 
 PROBLEM = "matmul_gelu_softmax"
 VARIANTS = "eager,simplified,knobs"  # only these: an installed plugin's variants would add configurations

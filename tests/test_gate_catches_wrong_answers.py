@@ -14,8 +14,8 @@ from helpers import use_test_plugins
 import autofuse
 from autofuse.core import plugins, registry
 from autofuse.core.variant import FoldCache, Variant
-from autofuse.tune.gate import check_cases, check_variant
-from autofuse.tune.outcome import Outcome
+from autofuse.tuning.gate import check_cases, check_variant
+from autofuse.tuning.outcome import Outcome
 
 SHAPE = {"batch_size": 64, "in_features": 256, "out_features": 192}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autofuse.core import registry
-from autofuse.tune.gate import check_cases, check_variant
+from autofuse.tuning.gate import check_cases, check_variant
 
 CASES = [(p, i, mode) for p in sorted(registry.problems())
          for i in range(len(registry.get_problem(p).default_shapes))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from autofuse.core import registry
 from autofuse.core.variant import Variant
-from autofuse.tune.gate import CheckCase, PreparedCase, build_case, check_gradients, floor_output
+from autofuse.tuning.gate import CheckCase, PreparedCase, build_case, check_gradients, floor_output
 
 PROBLEM = registry.get_problem("matmul_clamp_lse_mish")
 SHAPE = {"batch_size": 6, "input_size": 32, "hidden_size": 24}

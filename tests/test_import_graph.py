@@ -1,11 +1,11 @@
 """The modules of autofuse import one way, with no module importing one that imports it back,
 and the packages in layers: ``core`` (problems, variants, plugins) and ``kernels`` (what compiled
-variants share) import nothing from ``tune``, ``serve``, ``bench``, ``report`` or the CLI.
+variants share) import nothing from ``tuning``, ``serve``, ``bench``, ``report`` or the CLI.
 
 Every ``import`` counts, at the top of a module or inside a function: a lazy import is still
 an edge a reader has to follow. Modules are named by their dotted path under ``autofuse``
-(``tune.gate``); ``autofuse/__init__.py`` is ``__init__`` and a package's is its name
-(``tune``); importing a name from a package that is not a submodule (``from autofuse import
+(``tuning.gate``); ``autofuse/__init__.py`` is ``__init__`` and a package's is its name
+(``tuning``); importing a name from a package that is not a submodule (``from autofuse import
 hookimpl``) is an edge to that package.
 """
 
@@ -15,7 +15,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "autofuse"
-ABOVE_CORE = {"tune", "serve", "bench", "report", "cli", "runtime"}
+ABOVE_CORE = {"tuning", "serve", "bench", "report", "cli", "runtime"}
 
 
 def _module_name(path: pathlib.Path, package: pathlib.Path) -> str:
@@ -87,11 +87,11 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_parser_sees_top_level_and_lazy_imports():
     graph = import_graph()
-    assert "tune.gate" in graph["tune.evaluate"]  # a top-level `from autofuse.tune.gate import ...`
-    assert "tune.evaluate" in graph["tune.worker"]  # imported inside the child's _serve(): still an edge
-    assert "tune.tuner" in graph["__init__"]  # the package's lazy __getattr__
+    assert "tuning.gate" in graph["tuning.evaluate"]  # a top-level `from autofuse.tuning.gate import ...`
+    assert "tuning.evaluate" in graph["tuning.worker"]  # imported inside the child's _serve(): still an edge
+    assert "tuning.tuner" in graph["__init__"]  # the package's lazy __getattr__
     assert "hookspecs" in graph["__init__"]  # `from autofuse.hookspecs import hookimpl`
-    assert "core.registry" in graph["tune.search"]  # `from autofuse.core import registry`
+    assert "core.registry" in graph["tuning.search"]  # `from autofuse.core import registry`
 
 
 @pytest.mark.parametrize("graph, cycle", [
@@ -117,4 +117,4 @@ def test_lower_layers_do_not_import_upper_ones(layer):
     graph = import_graph()
     upward = {(name, target) for name, targets in graph.items() if name.split(".")[0] == layer
               for target in targets if target.split(".")[0] in ABOVE_CORE}
-    assert not upward, f"autofuse.{layer} must not import tune, serve, bench, report or the CLI, got {sorted(upward)}"
+    assert not upward, f"autofuse.{layer} must not import tuning, serve, bench, report or the CLI, got {sorted(upward)}"

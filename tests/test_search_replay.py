@@ -12,10 +12,10 @@ import pathlib
 import optuna
 import pytest
 
-from autofuse.tune import search
-from autofuse.tune import study as studies
-from autofuse.tune.outcome import Outcome, TrialResult
-from autofuse.tune.worker import Job
+from autofuse.tuning import search
+from autofuse.tuning import study as studies
+from autofuse.tuning.outcome import Outcome, TrialResult
+from autofuse.tuning.worker import Job
 
 SWEEP = pathlib.Path(__file__).parent / "data" / "sweep-matmul_gelu_softmax.json"
 TRIALS = 40

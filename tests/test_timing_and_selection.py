@@ -2,10 +2,10 @@
 
 import pytest
 
-from autofuse.tune import timing
-from autofuse.tune.outcome import Outcome, TrialResult
-from autofuse.tune.selection import Row, pick_simplest_within_noise
-from autofuse.tune.timing import Timing, time_callable, time_interleaved
+from autofuse.tuning import timing
+from autofuse.tuning.outcome import Outcome, TrialResult
+from autofuse.tuning.selection import Row, pick_simplest_within_noise
+from autofuse.tuning.timing import Timing, time_callable, time_interleaved
 
 # Recorded on an NVIDIA H200 (torch 2.11, fp32) by `autofuse tune` at the default shapes, 2026-11-22.
 H200_51 = {"eager": Timing(5.614, 5.574, 5.783, 90), "simplified": Timing(0.0802, 0.0792, 0.0926, 90)}

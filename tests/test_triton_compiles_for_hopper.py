@@ -27,7 +27,7 @@ from autofuse.core import registry
 from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.triton import host as triton_host
 from autofuse.kernels.triton import variant as tv
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
 

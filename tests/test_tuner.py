@@ -12,7 +12,7 @@ import autofuse
 from autofuse.core import plugins
 from autofuse.core.variant import Variant
 from autofuse.serve.table import DispatchTable
-from autofuse.tune.outcome import Outcome
+from autofuse.tuning.outcome import Outcome
 
 SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
 
@@ -92,7 +92,7 @@ def test_tune_writes_an_entry_that_get_module_uses(tmp_path):
 
 def test_an_interrupted_tune_resumes_from_the_study(tmp_path, monkeypatch):
     calls = []
-    from autofuse.tune import worker as worker_module
+    from autofuse.tuning import worker as worker_module
 
     real_call = worker_module.Worker.call
 
@@ -148,7 +148,7 @@ def test_bad_arguments_fail_clearly():
 def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_path, monkeypatch):
     kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=4, progress=False)
     [first] = autofuse.tune("matmul_gelu_softmax", SMALL, **kwargs)
-    from autofuse.tune import worker as worker_module
+    from autofuse.tuning import worker as worker_module
 
     def no_worker(self):
         raise AssertionError("a rerun with nothing new to measure must not start a worker")
@@ -184,7 +184,7 @@ def test_a_retune_of_some_variants_keeps_the_other_variants_records(tmp_path):
 def test_recorded_configurations_come_first_once_and_only_from_the_space():
     import optuna
 
-    from autofuse.tune import study as studies
+    from autofuse.tuning import study as studies
 
     spaces = {"a": [{"k": 1}, {"k": 2}], "b": [{}]}
     study = optuna.create_study()
@@ -226,8 +226,8 @@ class SpySoftmax(Variant):
 
 def test_the_autograd_timing_is_a_training_step_with_a_random_upstream_gradient():
     """Ones would be a degenerate upstream gradient here: softmax's backward of ones is zero."""
-    from autofuse.tune.evaluate import _timed_call
-    from autofuse.tune.worker import Job
+    from autofuse.tuning.evaluate import _timed_call
+    from autofuse.tuning.worker import Job
 
     _RecordUpstream.seen.clear()
     state, job = {}, Job("matmul_gelu_softmax", SMALL, "cpu", "float32", "fp32", "any", seed=2)
@@ -242,7 +242,7 @@ def test_the_autograd_timing_is_a_training_step_with_a_random_upstream_gradient(
     assert spy.grads_before == [[True, True]] * 3  # parameter grads set to None before every step
     model, _ = state["timing_case"]
     assert all(p.grad is not None for p in model.parameters())  # and the backward reached them
-    assert spy.input_requires_grad == [False] * 3  # parameter gradients only (autofuse.tune.timed_call)
+    assert spy.input_requires_grad == [False] * 3  # parameter gradients only (autofuse.tuning.timed_call)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """``autofuse bench``'s reports: rows, ratios, JSON in and out, charts, and the Markdown summary.
 
 A report is one problem, shape, precision, mode and step: ``forward`` (inference) or
-``forward+backward`` (a training step, ``autofuse.tune.timed_call``). Reports of several runs (one per
+``forward+backward`` (a training step, ``autofuse.tuning.timed_call``). Reports of several runs (one per
 precision, say) are saved into one folder and rendered together (``--from-out``).
 """
 
@@ -15,7 +15,7 @@ import pathlib
 
 from autofuse.bench.targets import FLOOR, FORWARD, TRAINING, Target, target_for
 from autofuse.serve.table import shape_key
-from autofuse.tune.timing import Timing
+from autofuse.tuning.timing import Timing
 
 # A hand-written file in the results folder that says why targets were missed; the Markdown
 # report includes it after the summary, so the explanation travels with the numbers it explains.

@@ -9,7 +9,7 @@ problem's minimum bytes moved at the measured copy bandwidth where the algebra r
 GEMM. Every variant passes the correctness gate before it is timed.
 
 A ``forward`` report times inference; a ``forward+backward`` report times a training step
-(``autofuse.tune.timed_call``): only autograd-capable variants, gated with gradients, the dispatch in
+(``autofuse.tuning.timed_call``): only autograd-capable variants, gated with gradients, the dispatch in
 grad mode (the ``autograd=true`` entry), and a floor that adds the backward's own minimum:
 the weight-gradient GEMM (under tf32 from K-major operands), or reading the upstream gradient
 and x and writing each parameter's gradient once. Timing is ``time_interleaved``: CUDA events,
@@ -45,9 +45,9 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import InputError
 from autofuse.serve.runtime import get_module
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tune.gate import CheckCase, build_case, check_cases, check_variant
-from autofuse.tune.timed_call import forward_call, training_call
-from autofuse.tune.timing import time_interleaved
+from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
+from autofuse.tuning.timed_call import forward_call, training_call
+from autofuse.tuning.timing import time_interleaved
 
 STEPS = (FORWARD, TRAINING)
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -253,7 +253,7 @@ def _floor_row(setup: _Setup):
 def _memory_floor(setup: _Setup):
     """Copy the bytes no implementation can avoid moving: the forward's input and output and,
     for a training step, also reading the upstream gradient and x and writing each parameter's
-    gradient once (x does not require grad: autofuse.tune.timed_call)."""
+    gradient once (x does not require grad: autofuse.tuning.timed_call)."""
     nbytes = setup.prob.memory_floor_bytes(setup.shape)
     what = "read + write"
     if setup.step == TRAINING:

@@ -18,7 +18,7 @@ from autofuse.core import registry
 from autofuse.errors import UnknownNameError
 from autofuse.report.history import Histories, Trial
 from autofuse.serve.table import DispatchTable, current_fingerprint, fingerprint_key
-from autofuse.tune.study import config_label
+from autofuse.tuning.study import config_label
 
 # Fingerprint fields that change with software, not hardware: a difference there means
 # "re-tune after the upgrade", not "another machine".

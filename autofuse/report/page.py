@@ -12,7 +12,7 @@ from autofuse.errors import AutofuseError
 from autofuse.report import html as report_html
 from autofuse.report.entries import collect, here
 from autofuse.serve.table import DispatchTable
-from autofuse.tune.study import studies_path
+from autofuse.tuning.study import studies_path
 
 
 def write_report(table=None, out="autofuse-report", journal=None) -> pathlib.Path:

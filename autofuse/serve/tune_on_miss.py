@@ -305,7 +305,7 @@ def main(argv: list[str]) -> int:
 
 
 def _tune(spec: dict) -> int:
-    from autofuse.tune.tuner import tune  # only now: a process waiting for a slot has not imported torch
+    from autofuse.tuning.tuner import tune  # only now: a process waiting for a slot has not imported torch
 
     print(f"autofuse: tuning on miss: {json.dumps(spec)}", flush=True)
     [result] = tune(spec["problem"], spec["shape"], device=spec["device"], dtype=spec["dtype"],

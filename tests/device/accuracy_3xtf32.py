@@ -22,7 +22,7 @@ import torch
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
 from autofuse.kernels.triton.variant import OPERANDS, split_tf32
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 
 def errors(got, exact):

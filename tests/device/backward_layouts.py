@@ -17,8 +17,8 @@ import argparse
 import torch
 
 from autofuse.core.precision import math_mode
-from autofuse.tune.timing import time_interleaved
 from autofuse.kernels.triton.host import transposed
+from autofuse.tuning.timing import time_interleaved
 
 
 def main():

@@ -14,12 +14,12 @@ import time
 
 import torch
 
-from autofuse.kernels import build as builder
 from autofuse.core import registry
 from autofuse.core.precision import linear, math_mode
-from autofuse.tune.timing import time_interleaved
 from autofuse.core.variant import EagerVariant
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.kernels import build as builder
+from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning.timing import time_interleaved
 
 
 def cold_compile_seconds(variant_cls, params, tmp):

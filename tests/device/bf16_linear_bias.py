@@ -4,7 +4,7 @@
 
 ``precision.linear`` under bf16 (gemm_bn's folded eval, the simplified variants) is x's cast,
 cuBLAS's product with a float32 result (``out_dtype``), then the bias added in a pass over the
-(batch × out) result. Timed interleaved here (``autofuse.tune.timing``, L2 flushed), on operands cast
+(batch × out) result. Timed interleaved here (``autofuse.tuning.timing``, L2 flushed), on operands cast
 before the clock unless the row says "cast":
 - ``mm bf16``: the floor, a bfloat16 result;  ``mm f32``: the float32 result, no bias;
 - ``mm f32 + add``: today's way;  ``addmm out_dtype``: ``torch.addmm(b, xb, wbᵀ, out_dtype=float32)``
@@ -20,7 +20,7 @@ import json
 
 import torch
 
-from autofuse.tune import timing
+from autofuse.tuning import timing
 
 
 def main():

@@ -7,7 +7,7 @@ rand and randn: dx = dy·W and dW = dyᵀ·x through cuBLAS fp32 (TF32 off), cuB
 K-major dyᵀ, as the tf32 backward gets it) and Fp16Gemms in the default fp32 triton
 configuration, W's column parts cached as in a training step whose optimizer did not run. (The
 first version also ran a tf32 Fp16Gemms on hi parts alone: log 2026-11-24d-3.) Timed by
-``autofuse.tune.timing.time_interleaved`` (L2 flushed): median and p20-p80, ms (logs 2026-11-24d-3 and
+``autofuse.tuning.timing.time_interleaved`` (L2 flushed): median and p20-p80, ms (logs 2026-11-24d-3 and
 d-5 give the median, min and max of per-round medians, from the script's own first timer); each
 result's relative L2 error against float64; the passes' share.
 """
@@ -19,15 +19,15 @@ import json
 
 import torch
 
-from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.autograd import GemmGrad
-from autofuse.tune.timing import time_interleaved
+from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.triton.host import fp16_parts
 from autofuse.kernels.triton.variant import DEFAULTS
+from autofuse.tuning.timing import time_interleaved
 
 
 def timed(fns: dict, rounds: int) -> dict:
-    """``autofuse.tune.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
+    """``autofuse.tuning.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
     return {name: [round(t.median_ms, 4), round(t.p20_ms, 4), round(t.p80_ms, 4)]
             for name, t in time_interleaved(fns, "cuda", rounds=rounds).items()}
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 
-
 from autofuse.core import registry
-from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.autograd import CUBLAS
+from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.triton.variant import DEFAULTS
-from autofuse.tune.gate import CheckCase, check_variant
+from autofuse.tuning.gate import CheckCase, check_variant
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

@@ -18,7 +18,7 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
-from autofuse.tune.gate import CheckCase, build_case, floor_output
+from autofuse.tuning.gate import CheckCase, build_case, floor_output
 
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -19,7 +19,7 @@ import torch
 from autofuse.core import registry
 from autofuse.core.problem import Problem
 from autofuse.kernels.triton.variant import DEFAULTS
-from autofuse.tune.gate import CheckCase, build_case, check_cases, check_variant
+from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

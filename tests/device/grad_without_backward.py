@@ -7,7 +7,7 @@ the no-grad entry gives, and that a backward after it still gets the autograd en
 For each problem (gemm_bn in train and eval mode), precision and batch (the first default shape,
 then others at its sizes: the dispatch's nearest-batch entry), through ``get_module`` and the table:
 - which variants serve: the autograd entry, and the no-grad entry once the calls had no backward;
-- at the default batch, the forward timed interleaved (``autofuse.tune.timing``, L2 flushed): under
+- at the default batch, the forward timed interleaved (``autofuse.tuning.timing``, L2 flushed): under
   no_grad; with grad on before the switch (the autograd entry, its graph dropped); after it;
 - a late backward: module A is called ``SWITCH_AFTER`` times without a backward, then once more
   (the no-grad entry) and backward from a random upstream gradient; its twin B, built from the same
@@ -30,8 +30,8 @@ import torch
 
 import autofuse
 from autofuse.core import registry
-from autofuse.tune import timing
 from autofuse.serve.grad_mode import SWITCH_AFTER
+from autofuse.tuning import timing
 
 
 def rel_l2(a, b) -> float:

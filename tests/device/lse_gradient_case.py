@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 
 import torch
-
-from autofuse.core import registry
-from autofuse.kernels.triton.variant import DEFAULTS
 from autofuse.variants.matmul_clamp_lse_mish import gradients
 from autofuse.variants.matmul_clamp_lse_mish.cuda_gemm import clamp_lse_scalars
 from autofuse.variants.matmul_clamp_lse_mish.gradients import output_grad
-from autofuse.tune.gate import CheckCase, build_case
+
+from autofuse.core import registry
+from autofuse.kernels.triton.variant import DEFAULTS
+from autofuse.tuning.gate import CheckCase, build_case
 
 prob = registry.get_problem("matmul_clamp_lse_mish")
 shape = dict(zip(prob.dims, (1024, 8192, 8192)))

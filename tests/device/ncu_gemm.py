@@ -27,7 +27,7 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 TABLE = pathlib.Path(__file__).parents[2] / "benchmarks" / "table.json"
 

@@ -4,7 +4,7 @@
 
 For each triton key at its default shapes (22, 99, gemm_bn eval and train), the configuration the
 shipped table recorded for triton (else the default) is run with each operand path of the
-precision, with and without TMA, timed interleaved (``autofuse.tune.timing``, L2 flushed), under
+precision, with and without TMA, timed interleaved (``autofuse.tuning.timing``, L2 flushed), under
 no_grad: the forward a tune times. cuBLAS's GEMM alone at the precision (bf16: on pre-cast
 operands) is the floor. The float16 paths also run at BLOCK_K 64 and (scaled_fp16) at bf16's
 tabled tiles. Prints one JSON line per key. It measured bf16's ``convert`` path
@@ -18,14 +18,13 @@ import argparse
 import json
 
 import torch
+from ncu_gemm import tabled_params
 
 from autofuse.core import registry
-from autofuse.tune import timing
 from autofuse.core.precision import math_mode
 from autofuse.kernels.triton.variant import OPERANDS
-from autofuse.tune.gate import CheckCase, build_case
-
-from ncu_gemm import tabled_params
+from autofuse.tuning import timing
+from autofuse.tuning.gate import CheckCase, build_case
 
 KEYS = [("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"), ("gemm_bn", "eval"),
         ("gemm_bn", "train")]

@@ -6,7 +6,7 @@
    with the best first) checked against the torch formulas and timed, as the training step asks
    (dW, db and dsubtract; x needs none; r saved by the forward), then the best without r; the
    memory traffic's floor beside it: read x and g, write dW, at the copy bandwidth measured here.
-2. The training step (``autofuse.tune.timed_call.training_call``) of single_pass with the Triton backward,
+2. The training step (``autofuse.tuning.timed_call.training_call``) of single_pass with the Triton backward,
    with the torch formulas, and eager's, interleaved; then torch.profiler's kernels of one step.
 One JSON line per result on stdout.
 """
@@ -18,12 +18,12 @@ import itertools
 import json
 
 import torch
+from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 
 from autofuse.core import registry
-from autofuse.tune.timed_call import training_call
-from autofuse.tune.timing import time_callable, time_interleaved
-from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning.timed_call import training_call
+from autofuse.tuning.timing import time_callable, time_interleaved
 
 PROBLEM = "gemm_avgpool_gelu_residual"
 STEP_NEEDS = (False, True, True, True)

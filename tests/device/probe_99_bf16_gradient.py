@@ -13,9 +13,9 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
-from autofuse.testing import conformance_cases
 from autofuse.core.variant import EagerVariant
-from autofuse.tune.gate import prepare_case
+from autofuse.testing import conformance_cases
+from autofuse.tuning.gate import prepare_case
 
 prob = registry.get_problem("matmul_gelu_softmax")
 cls = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")

@@ -5,7 +5,7 @@
 ``cublasGemmEx`` on float32 A, B and C with ``CUBLAS_COMPUTE_32F_FAST_16BF`` lets cuBLAS convert the
 operands to bfloat16 itself. If it converts them as it loads them, x's cast (9-17% of the bf16 GEMM,
 the margin the bf16 cells of issue 11 miss by) costs nothing. Timed interleaved (L2 flushed,
-``autofuse.tune.timing``; log 2026-11-24d-2 gives median, min and max of per-round medians) beside the
+``autofuse.tuning.timing``; log 2026-11-24d-2 gives median, min and max of per-round medians) beside the
 bf16 GEMM on pre-cast operands (the floor), x's cast plus that GEMM, and FAST_TF32; with the
 relative L2 error of each against float64, the kernels each one launches (torch.profiler), at
 1024×8192×8192 and 16384×4096×4096.
@@ -19,7 +19,7 @@ import json
 import torch
 from torch.utils.cpp_extension import load_inline
 
-from autofuse.tune.timing import time_interleaved
+from autofuse.tuning.timing import time_interleaved
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -46,7 +46,7 @@ torch::Tensor mm_fast(torch::Tensor a, torch::Tensor b, int64_t mode) {
 
 
 def timed(fns: dict, rounds: int) -> dict:
-    """``autofuse.tune.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
+    """``autofuse.tuning.timing.time_interleaved`` (L2 flushed, round-robin), as [median, p20, p80] ms."""
     return {name: [round(t.median_ms, 4), round(t.p20_ms, 4), round(t.p80_ms, 4)]
             for name, t in time_interleaved(fns, "cuda", rounds=rounds).items()}
 

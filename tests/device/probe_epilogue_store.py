@@ -7,7 +7,7 @@ The triton variants store a (batch × out) matrix from their epilogue when the n
 pointers (``tl.store``) holds the program until it is issued, between its tile's main loop and
 the next's; a tensor-descriptor store goes through shared memory and the copy engine. This times
 one persistent kernel (the variants' tuned bf16 configuration: 128×256×64, 3 stages, 8 warps,
-operands through descriptors) with each epilogue, interleaved (``autofuse.tune.timing``), beside
+operands through descriptors) with each epilogue, interleaved (``autofuse.tuning.timing``), beside
 cuBLAS: ``none`` (a row sum per tile: what a no-grad 22 stores), pointer stores of float32 and
 bfloat16 tiles, and descriptor stores of bfloat16 (whole tile, or two halves) and float32 (four
 quarters: a whole float32 tile does not fit beside the stages). Checks each stored matrix.
@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from autofuse.tune import timing
 from autofuse.kernels.triton.gemm import tile_coords
+from autofuse.tuning import timing
 
 STORES = {"none": 0, "pointers f32": 1, "pointers bf16": 2, "tma bf16": 3, "tma bf16 halves": 4, "tma f32 quarters": 5}
 

@@ -11,7 +11,7 @@ bf16-rounded operands, so a path that quietly ran at TF32 shows as an error well
 import torch
 from torch.utils.cpp_extension import load_inline
 
-from autofuse.tune import timing
+from autofuse.tuning import timing
 
 SOURCE = r"""
 #include <torch/extension.h>

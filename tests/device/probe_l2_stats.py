@@ -21,8 +21,8 @@ import json
 
 import torch
 
-from autofuse.tune import timing
 from autofuse.core.precision import math_mode
+from autofuse.tuning import timing
 
 
 def main():

@@ -27,9 +27,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from autofuse.tune import timing
-from autofuse.kernels.triton.gemm import round_tf32 as round_bits, tile_coords  # the variants' own, in bits
+from autofuse.kernels.triton.gemm import round_tf32 as round_bits  # the variants' own, in bits
+from autofuse.kernels.triton.gemm import tile_coords
 from autofuse.kernels.triton.variant import input_operands, round_tf32
+from autofuse.tuning import timing
 
 
 @triton.jit

@@ -8,7 +8,7 @@ For a plain bf16 GEMM (host tensor descriptors for the operands, a pointer store
 triton variants' main loop) this compiles the persistent and the one-program-per-tile kernel
 with and without the mark, reports whether the TTGIR holds a ``ttg.warp_specialize`` op and
 how many warps the kernel really runs, checks the product against cuBLAS's and times each
-interleaved (``autofuse.tune.timing``, L2 flushed) beside cuBLAS on the same bf16 operands.
+interleaved (``autofuse.tuning.timing``, L2 flushed) beside cuBLAS on the same bf16 operands.
 Prints one JSON line per configuration, then the fastest of each kind.
 """
 
@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from autofuse.tune import timing
 from autofuse.kernels.triton.gemm import tile_coords
+from autofuse.tuning import timing
 
 
 @triton.jit

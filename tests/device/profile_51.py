@@ -1,8 +1,10 @@
 """Where the simplified 51 spends its time on the GPU (kernel time vs launch overhead)."""
-import torch, torch.nn.functional as F
+import torch
+import torch.nn.functional as F
+
 from autofuse.core import registry
-from autofuse.tune.timing import time_callable
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning.timing import time_callable
 
 prob = registry.get_problem("gemm_avgpool_gelu_residual")
 shape = dict(prob.default_shapes[0])

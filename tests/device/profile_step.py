@@ -4,7 +4,7 @@
         [--mode train] [--variants triton,compiled,cublas_epilogue] [--table benchmarks/table.json] [--shape-index 1]
 
 At one of the problem's default shapes (KernelBench's inputs), each variant runs the training step
-the tuner and ``autofuse bench --step backward`` time (``autofuse.tune.timed_call.training_call``) with the
+the tuner and ``autofuse bench --step backward`` time (``autofuse.tuning.timed_call.training_call``) with the
 parameters its table record has for the autograd key (the entry's own if it won, else its
 ``candidates`` record), or its default configuration. Printed per variant: the kernels' device
 time per step (L2 flushed before each step, the flush excluded), the host's time to issue one
@@ -21,12 +21,12 @@ import pstats
 import time
 
 import torch
+from profile_variant import kernel_times, without_flush  # this folder: the script's own path
 
 from autofuse.core import registry
-from autofuse.tune import timing
-from autofuse.tune.timed_call import training_call
-from autofuse.tune.gate import CheckCase, build_case
-from profile_variant import kernel_times, without_flush  # this folder: the script's own path
+from autofuse.tuning import timing
+from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning.timed_call import training_call
 
 
 def recorded_params(table: str | None, problem: str, shape: dict, mode: str, precision: str, variant: str):

@@ -3,7 +3,7 @@
     python3 tests/device/profile_variant.py matmul_clamp_lse_mish cublas_epilogue --precision bf16 [--params block=128]
 
 Runs the variant at the problem's default shape (KernelBench's inputs) under torch.profiler,
-the L2 flushed before each call as in `autofuse.tune.timing`, and prints the kernels' average
+the L2 flushed before each call as in `autofuse.tuning.timing`, and prints the kernels' average
 device time per call next to cuBLAS alone at that precision (the bench's floor) and the input
 cast. For the question "the parts add to less than the whole: where is the rest?".
 """
@@ -13,8 +13,8 @@ import argparse
 import torch
 
 from autofuse.core import registry
-from autofuse.tune import timing
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning import timing
+from autofuse.tuning.gate import CheckCase, build_case
 
 
 def kernel_times(fn, device, calls=30) -> list[tuple[str, float]]:

@@ -19,7 +19,7 @@ import json
 import torch
 
 from autofuse.core import registry
-from autofuse.tune.gate import CheckCase, check_variant
+from autofuse.tuning.gate import CheckCase, check_variant
 
 TILES = {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8, "persistent": True}
 

@@ -26,7 +26,7 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 CONTROLS = [{"block_m": 128, "block_n": 256, "block_k": 32, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "round_kernel"},

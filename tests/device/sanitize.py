@@ -7,7 +7,7 @@ import sys
 import torch
 
 from autofuse.core import registry
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 all_configs = "--all-configs" in sys.argv
 problems = [a for a in sys.argv[1:] if a != "--all-configs"] or sorted(registry.problems())

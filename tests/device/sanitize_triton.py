@@ -11,7 +11,7 @@ import sys
 import torch
 
 from autofuse.core import registry
-from autofuse.tune.gate import CheckCase, build_case
+from autofuse.tuning.gate import CheckCase, build_case
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
 from test_triton_gpu import representative_configs  # noqa: E402

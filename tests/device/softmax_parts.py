@@ -4,7 +4,7 @@
     python3 tests/device/softmax_parts.py [--table benchmarks/table.json] [--rounds 20]
 
 The configuration is the shipped table's triton entry for the bf16 autograd key (else the first).
-Timed interleaved (``autofuse.tune.timing``, L2 flushed): the forward under no_grad (nothing saved),
+Timed interleaved (``autofuse.tuning.timing``, L2 flushed): the forward under no_grad (nothing saved),
 the forward with grad on (the output's graph dropped), and forward + backward with an upstream
 gradient of ones; ``saves_softmax_parts`` on and off. Kernel times per call from torch.profiler
 for the grad-on forward. One JSON line per measurement.
@@ -14,13 +14,12 @@ import argparse
 import json
 
 import torch
+from ncu_gemm import tabled_params
 
 from autofuse.core import registry
-from autofuse.tune import timing
 from autofuse.core.precision import math_mode
-from autofuse.tune.gate import CheckCase, build_case
-
-from ncu_gemm import tabled_params
+from autofuse.tuning import timing
+from autofuse.tuning.gate import CheckCase, build_case
 
 PROBLEM = "matmul_clamp_lse_mish"
 

@@ -25,9 +25,9 @@ import torch
 
 from autofuse.core import registry
 from autofuse.core.precision import math_mode
-from autofuse.tune.timing import time_interleaved
 from autofuse.core.variant import EagerVariant
-from autofuse.tune.gate import CheckCase, build_case, check_variant
+from autofuse.tuning.gate import CheckCase, build_case, check_variant
+from autofuse.tuning.timing import time_interleaved
 
 PROBLEMS = {"99": ("matmul_gelu_softmax", [None]), "22": ("matmul_clamp_lse_mish", [None]),
             "bn": ("gemm_bn", ["train", "eval"])}

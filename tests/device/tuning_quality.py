@@ -20,7 +20,7 @@ import torch
 from autofuse import tune
 from autofuse.core import registry
 from autofuse.kernels.build import build_many
-from autofuse.tune.worker import Candidate, Job, Worker
+from autofuse.tuning.worker import Candidate, Job, Worker
 
 VARIANT = "cuda_templated"
 

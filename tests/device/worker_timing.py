@@ -15,11 +15,11 @@ import argparse
 import torch
 
 from autofuse.core import registry
-from autofuse.tune import timing
-from autofuse.tune.evaluate import retime
 from autofuse.core.variant import EagerVariant
-from autofuse.tune.gate import CheckCase, build_case
-from autofuse.tune.worker import Candidate, Job, Worker
+from autofuse.tuning import timing
+from autofuse.tuning.evaluate import retime
+from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning.worker import Candidate, Job, Worker
 
 PROBLEM = "gemm_avgpool_gelu_residual"
 CANDIDATES = (("simplified", {}), ("cublas_epilogue", {"block": 512}), ("cuda_tiled", {"block": 1024}),

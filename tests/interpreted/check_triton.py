@@ -18,7 +18,7 @@ import triton.language as tl  # noqa: E402
 
 from autofuse.core import registry
 from autofuse.kernels import autograd  # noqa: E402
-from autofuse.tune.gate import CheckCase, check_variant  # noqa: E402
+from autofuse.tuning.gate import CheckCase, check_variant  # noqa: E402
 
 SIZES = ((1, 37, 53), (37, 40, 33))  # batch 1 (BN training skips it: needs 2), odd sizes
 CONFIGS = {  # the two schedules and both operand paths
@@ -181,7 +181,7 @@ def bn_without_running_stats() -> list[str]:
     against float64, at fp32 and bf16, over several row tiles and a partial one."""
     import copy
 
-    from autofuse.tune.gate import build_case
+    from autofuse.tuning.gate import build_case
 
     prob = registry.get_problem("gemm_bn")
     failures = []
@@ -459,7 +459,7 @@ def tf32_round_in_the_kernel() -> list[str]:
     it gives with x rounded by the pass (round_host): the same products in the same order. Both
     schedules (by pointer loads, as the space offers round_kernel), partial tiles and a K tail
     (K = 40 against BLOCK_K = 16); with gradients, so the backward sees the same saved tensors."""
-    from autofuse.tune.gate import build_case
+    from autofuse.tuning.gate import build_case
 
     failures = []
     for problem in ("matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"):

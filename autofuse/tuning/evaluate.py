@@ -11,10 +11,10 @@ from autofuse.core import registry
 from autofuse.core.precision import parse_dtype
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
-from autofuse.tune.gate import CheckCase, build_case, check_cases, check_variant
-from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult
-from autofuse.tune.timed_call import forward_call, training_call
-from autofuse.tune.timing import Timing, time_callable, time_interleaved
+from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
+from autofuse.tuning.timed_call import forward_call, training_call
+from autofuse.tuning.timing import Timing, time_callable, time_interleaved
 
 BASELINE = "eager-baseline"
 
@@ -66,7 +66,7 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
 
 def _timed_call(state: dict, job: Job, variant, autograd: bool):
     """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
-    a forward without autograd, or a training step (``autofuse.tune.timed_call``) for the autograd entry."""
+    a forward without autograd, or a training step (``autofuse.tuning.timed_call``) for the autograd entry."""
     if "timing_case" not in state:
         problem = registry.get_problem(job.problem)
         case = CheckCase(job.shape, "rand", job.seed, randomize=False)

@@ -7,7 +7,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from autofuse.tune.timing import Timing
+from autofuse.tuning.timing import Timing
 
 
 @dataclasses.dataclass(frozen=True)

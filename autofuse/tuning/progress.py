@@ -6,7 +6,7 @@ import sys
 
 from tqdm import tqdm
 
-from autofuse.tune.outcome import Outcome
+from autofuse.tuning.outcome import Outcome
 
 
 class TrialProgress:

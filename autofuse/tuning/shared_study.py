@@ -30,7 +30,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from autofuse.tune.outcome import TrialResult
+from autofuse.tuning.outcome import TrialResult
 
 HEARTBEAT_S = 20.0
 GRACE_S = 180.0  # far above HEARTBEAT_S and any clock skew between machines

@@ -27,14 +27,14 @@ from autofuse.core.precision import check_dtype, check_precision, dtype_name, pa
 from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tune import parallel
-from autofuse.tune import study as studies
-from autofuse.tune.evaluate import BASELINE
-from autofuse.tune.outcome import Outcome
-from autofuse.tune.search import search
-from autofuse.tune.selection import Row, choose
-from autofuse.tune.storage import open_storage
-from autofuse.tune.worker import Candidate, Job, Worker
+from autofuse.tuning import parallel
+from autofuse.tuning import study as studies
+from autofuse.tuning.evaluate import BASELINE
+from autofuse.tuning.outcome import Outcome
+from autofuse.tuning.search import search
+from autofuse.tuning.selection import Row, choose
+from autofuse.tuning.storage import open_storage
+from autofuse.tuning.worker import Candidate, Job, Worker
 
 MAX_DEFAULT_TRIALS = 40
 # Configurations of one variant the autograd entry gates with gradients, fastest forward first,
@@ -82,7 +82,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
 
     ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
     ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
-    (``autofuse.tune.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
+    (``autofuse.tuning.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
     and machines may share; ``workers`` processes search each shape at once, one per GPU (or
     all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
     """
@@ -166,7 +166,7 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
     if plan.workers > 1:
         parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
-                        plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tune.tuner"])
+                        plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tuning.tuner"])
         # What they left undone (a worker died, say) this process searches for itself.
         timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
     results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
@@ -261,7 +261,7 @@ def _ok_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
 
 def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None):
     """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
-    ones, each gated with gradients and timed as a training step (``autofuse.tune.timed_call``). A variant
+    ones, each gated with gradients and timed as a training step (``autofuse.tuning.timed_call``). A variant
     whose fastest forward configuration fails with gradients is gated at its next fastest ones
     (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up."""
     variants = registry.variants(prob.name)
@@ -346,7 +346,7 @@ def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_wi
 
 
 def main(argv: list[str]) -> int:
-    """A ``--workers`` process (``python -m autofuse.tune.tuner SPEC``): ``search_only(**SPEC)``."""
+    """A ``--workers`` process (``python -m autofuse.tuning.tuner SPEC``): ``search_only(**SPEC)``."""
     try:
         search_only(**json.loads(argv[0]))
     except AutofuseError as exc:

@@ -3,7 +3,7 @@
 Trials are asked in batches (TPE's constant liar keeps a batch diverse); the batch's kernels
 compile in parallel on the host while the device measures candidates one at a time in the
 worker subprocess. Other processes tuning the same study are seen through
-``autofuse.tune.shared_study``: nothing they measured or are measuring is measured again.
+``autofuse.tuning.shared_study``: nothing they measured or are measuring is measured again.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 
 from autofuse.core import registry
 from autofuse.kernels.build import build_many
-from autofuse.tune import study as studies
-from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult
-from autofuse.tune.progress import TrialProgress
-from autofuse.tune.shared_study import SharedStudy
+from autofuse.tuning import study as studies
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
+from autofuse.tuning.progress import TrialProgress
+from autofuse.tuning.shared_study import SharedStudy
 
 # Suggestions asked per distinct candidate before the search stops looking for new ones.
 MAX_ASKS_PER_TRIAL = 5

@@ -1,10 +1,10 @@
 """``--workers N``: N processes search one shape's study at once, one per GPU (or N on the CPU).
 
 Each worker is a fresh process running the caller's ``command`` with the spec appended (the
-tuner's: ``python -m autofuse.tune.tuner SPEC``; not multiprocessing's spawn, which would re-run the
+tuner's: ``python -m autofuse.tuning.tuner SPEC``; not multiprocessing's spawn, which would re-run the
 caller's ``__main__``), so this module needs nothing from the tuner above it. A worker searches
 the shared study alone: no final choice, no table. It sees only its own GPU
-(CUDA_VISIBLE_DEVICES), and samples with its own seed; ``autofuse.tune.shared_study`` keeps the workers
+(CUDA_VISIBLE_DEVICES), and samples with its own seed; ``autofuse.tuning.shared_study`` keeps the workers
 from measuring a configuration twice. The invoking process shows the progress, then makes
 the final choice on its own device. Workers on the CPU share its cores, so their timings are
 noisier; the final re-timing runs alone. Each worker runs cores / N nvcc at once
@@ -25,8 +25,8 @@ import torch
 from autofuse.errors import InputError
 from autofuse.kernels.build import build_jobs
 from autofuse.serve.table import current_fingerprint, fingerprint_key
-from autofuse.tune.progress import TrialProgress
-from autofuse.tune.shared_study import measured
+from autofuse.tuning.progress import TrialProgress
+from autofuse.tuning.shared_study import measured
 
 STOP_TIMEOUT_S = 15.0
 

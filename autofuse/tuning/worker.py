@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 # Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
-from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
 
 STARTUP_TIMEOUT_S = 300.0
 
@@ -27,7 +27,7 @@ STARTUP_TIMEOUT_S = 300.0
 class Worker:
     """One worker subprocess at a time, restarted whenever a candidate breaks it.
 
-    The child is a fresh ``python -m autofuse.tune.worker`` (not multiprocessing's spawn, which
+    The child is a fresh ``python -m autofuse.tuning.worker`` (not multiprocessing's spawn, which
     would re-run the caller's ``__main__`` script), talking over its own socket so that
     whatever a variant prints cannot corrupt the protocol.
     """
@@ -38,7 +38,7 @@ class Worker:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tune.worker", str(theirs.fileno())],
+        self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tuning.worker", str(theirs.fileno())],
                                       pass_fds=(theirs.fileno(),))
         theirs.close()
         self._conn = Connection(ours.detach())
@@ -48,7 +48,7 @@ class Worker:
             ready = False
         if not ready:
             self.close()
-            raise RuntimeError("the autofuse worker subprocess did not start (run `python -m autofuse.tune.worker` to see why)")
+            raise RuntimeError("the autofuse worker subprocess did not start (run `python -m autofuse.tuning.worker` to see why)")
 
     def call(self, op: str, payload: tuple, timeout: float) -> Any:
         """Run ``op`` in the worker; a death or overrun becomes a TrialResult instead of an exception."""
@@ -101,7 +101,7 @@ class Worker:
 
 # -- the child's side -------------------------------------------------------------
 def _serve(conn) -> None:
-    from autofuse.tune import evaluate  # imported here: the parent need not import torch's CUDA state
+    from autofuse.tuning import evaluate  # imported here: the parent need not import torch's CUDA state
 
     conn.send("ready")
     state: dict = {}

@@ -8,7 +8,7 @@ one (fewest steps along each parameter's sorted values), so no trial is spent on
 configuration. The configurations the table already holds for the key are enqueued first, then
 every applicable variant's default configuration.
 Studies live in a journal file under ``$AUTOFUSE_HOME`` or in a storage that several
-processes and machines share (``autofuse.tune.storage``), so an interrupted tune resumes where it
+processes and machines share (``autofuse.tuning.storage``), so an interrupted tune resumes where it
 stopped. The study's name holds nothing process-specific (no seed), so cooperating processes
 open the same study; each samples with its own seed.
 """
@@ -22,8 +22,8 @@ import warnings
 import optuna
 
 from autofuse.core.variant import Variant
-from autofuse.tune.storage import default_journal as studies_path  # noqa: F401 - the name callers know
-from autofuse.tune.storage import open_storage
+from autofuse.tuning.storage import default_journal as studies_path  # noqa: F401 - the name callers know
+from autofuse.tuning.storage import open_storage
 
 # Failed candidates are told to Optuna as this many milliseconds, so TPE learns to avoid
 # them (a FAIL state would be ignored and the same broken configuration drawn again).
@@ -49,7 +49,7 @@ def space_hash(variants: dict[str, type[Variant]], spaces: dict[str, list[dict]]
 
 
 def open_study(name: str, seed: int, storage=None) -> optuna.Study:
-    """``storage``: None, a URL (``autofuse.tune.storage``) or an Optuna storage.
+    """``storage``: None, a URL (``autofuse.tuning.storage``) or an Optuna storage.
 
     TPE's constant liar counts other processes' running trials as bad, so cooperating
     processes (and one process's batch) spread over the space instead of asking alike.

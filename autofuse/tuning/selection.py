@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from autofuse.tune.evaluate import BASELINE
-from autofuse.tune.outcome import Candidate, Job, Outcome, TrialResult
-from autofuse.tune.timing import Timing
+from autofuse.tuning.evaluate import BASELINE
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
+from autofuse.tuning.timing import Timing
 
 TOP_K = 3
 # Below this, a difference is not taken as real whatever the spreads say. Interleaved medians of

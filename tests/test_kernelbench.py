@@ -250,11 +250,11 @@ def test_a_builtin_problem_exports_in_kernelbench_format(tmp_path):
 
 
 def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_path):
-    """tests/device/kernelbench_harness.py at --small on the CPU: export, 5 correctness trials,
+    """benchmarks/gpu/kernelbench_harness.py at --small on the CPU: export, 5 correctness trials,
     timed trials with grad mode on and off, the table and the JSON."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kernelbench_harness", FILES.parent / "device" / "kernelbench_harness.py")
+    spec = importlib.util.spec_from_file_location("kernelbench_harness", FILES.parents[1] / "benchmarks" / "gpu" / "kernelbench_harness.py")
     harness = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(harness)
     table = tmp_path / "table.json"

@@ -2,7 +2,7 @@
 
 tests/data/sweep-matmul_gelu_softmax.json holds every valid cuda_templated configuration of
 kb2-99 at (1024, 8192, 8192), gated and timed by the tuning worker on an H100
-(tests/device/tuning_quality.py). A replay worker answers trials from it, so the real study,
+(benchmarks/gpu/tuning_quality.py). A replay worker answers trials from it, so the real study,
 sampler and search loop run here exactly as on the device, minus the GPU.
 """
 

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
     bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
     bench.add_argument("--from-out", action="store_true",
-                       help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision), with the hand-written analysis.md there, if any")
+                       help="measure nothing: write --markdown from every report already in --out (several runs, e.g. one per precision), with the hand-written analysis.md and KernelBench harness/*.md there, if any")
     bench.set_defaults(run=_bench)
 
     report = commands.add_parser("report", help="write an HTML report of the dispatch table: times, charts, tuning histories, stale entries")
@@ -197,17 +197,18 @@ def _bench(args) -> None:
                             compile_modes=args.compile_modes, step=step, skip_variants=args.skip_variants):
             _print_bench(report)
             reports.append(report)
-    charts = save(reports, args.out)
+    save(reports, args.out)
     if args.markdown:
         target = pathlib.Path(args.markdown)
         command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
-        target.write_text(markdown(reports, command, charts, target.parent))
+        target.write_text(markdown(reports, command, pathlib.Path(args.out), target.parent))
         print(f"wrote {target}")
 
 
 def _bench_markdown_from_out(args) -> None:
     import pathlib
 
+    from autofuse.bench.report import MEASURE_ON_GPU
     from autofuse.bench.run import ANALYSIS_FILE, load, markdown
 
     if not args.markdown:
@@ -215,14 +216,13 @@ def _bench_markdown_from_out(args) -> None:
     reports = load(args.out)
     if not reports:
         raise AutofuseError(f"--from-out: no bench reports (*.json) in {args.out}")
-    target = pathlib.Path(args.markdown)
-    charts = [p for p in sorted(pathlib.Path(args.out).glob("*.png"))]
-    command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench --from-out ..."
-    command += f"` from the reports that earlier `autofuse bench` runs saved in `{args.out}"
-    # The hand-written analysis, then what tests/device/kernelbench_harness.py wrote into harness/.
-    written = [pathlib.Path(args.out) / ANALYSIS_FILE] + sorted((pathlib.Path(args.out) / "harness").glob("*.md"))
+    target, out = pathlib.Path(args.markdown), pathlib.Path(args.out)
+    # Spelled from the arguments, not sys.argv: the page names the command that rewrites it.
+    command = f"autofuse bench --from-out --out {args.out} --markdown {args.markdown}"
+    # The hand-written analysis (optional), then what benchmarks/gpu/kernelbench_harness.py wrote into harness/.
+    written = [out / ANALYSIS_FILE] + sorted((out / "harness").glob("*.md"))
     analysis = "\n\n".join(path.read_text().strip() for path in written if path.exists()) or None
-    target.write_text(markdown(reports, command, charts, target.parent, analysis))
+    target.write_text(markdown(reports, command, out, target.parent, analysis, MEASURE_ON_GPU.format(out=args.out)))
     print(f"wrote {target} from {len(reports)} reports in {args.out}")
 
 

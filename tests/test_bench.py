@@ -7,7 +7,7 @@ import pytest
 
 import autofuse
 from autofuse.bench.run import BF16_COPY, FLOOR, bench, load, markdown, save
-from autofuse.bench.targets import FORWARD, TRAINING, Target, target_for
+from autofuse.bench.targets import FORWARD, TRAINING, target_for
 from autofuse.cli import main
 
 SMALL = {"batch_size": 12, "in_features": 48, "out_features": 40}
@@ -24,14 +24,15 @@ def test_bench_measures_baselines_variants_dispatch_and_floor(tmp_path):
     assert "(tuned)" in report.row("autofuse dispatch").note
     assert report.ratio(report.row("eager"), "eager") == 1.0
     assert report.ratio(report.row(FLOOR), FLOOR) == 1.0
-    charts = save([report], tmp_path / "out")
+    save([report], tmp_path / "out")
     data = json.loads((tmp_path / "out" / "gemm_avgpool_gelu_residual-12-fp32-any.json").read_text())
     assert {r["candidate"] for r in data["rows"]} == set(roles)
-    text = markdown([report], "autofuse bench x", charts, tmp_path)
-    assert "| simplified | - |" in text and "CPU cores" in text
-    assert f"![{charts[0].stem}](out/{charts[0].name})" in text
-    elsewhere = markdown([report], "autofuse bench x", charts, tmp_path / "docs")  # a page outside the charts' tree
-    assert f"![{charts[0].stem}](../out/{charts[0].name})" in elsewhere
+    text = markdown([report], "autofuse bench x", tmp_path / "out", tmp_path)
+    assert "| gemm_avgpool_gelu_residual | 12×48×40 | any | forward |" in text and "CPU cores" in text
+    assert "| simplified |" not in text  # per-variant rows stay in the JSON and the charts
+    assert "[`out/`](out/)" in text
+    elsewhere = markdown([report], "autofuse bench x", tmp_path / "out", tmp_path / "docs")  # a page outside that folder
+    assert "[`../out/`](../out/)" in elsewhere
 
 
 def test_an_incorrect_variant_is_reported_not_timed(tmp_path, monkeypatch):
@@ -49,7 +50,7 @@ def test_cli_bench_writes_json_and_markdown(tmp_path, capsys):
     assert main(["bench", "kb2-99", "--shape", "batch_size=4,in_features=16,out_features=8", "--device", "cpu",
                  "--no-compile", "--rounds", "2", "--out", str(out), "--markdown", str(md)]) == 0
     assert "x floor" in capsys.readouterr().out
-    assert list(out.glob("*.json")) and "## matmul_gelu_softmax" in md.read_text()
+    assert list(out.glob("*.json")) and "| matmul_gelu_softmax | 4×16×8 | any | forward |" in md.read_text()
     assert main(["bench"]) == 2 and "--all" in capsys.readouterr().err
 
 
@@ -64,35 +65,27 @@ def test_markdown_is_rewritten_from_saved_reports_of_several_runs(tmp_path):
     target = tmp_path / "B.md"
     assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
     text = target.read_text()
-    assert text.index("## Summary") < text.index("## Why\n\nThe cast of x") < text.index("## KernelBench's harness") \
-        < text.index("## gemm_avgpool")
-    assert "(fp32, any)" in text and "(bf16, any)" in text
-    assert text.count("| eager | - |") == 2
-    summary = text.split("## Summary: time over the floor")[1].split("\n## ")[0]
-    assert summary.count("| gemm_avgpool_gelu_residual |") == 2 and "| fp32, any | 1.50 |" in summary
+    # One table per precision, then how it was measured and how to reproduce it, then the analysis
+    # and what KernelBench's harness wrote; no per-key sections.
+    assert text.index("## fp32") < text.index("## bf16") < text.index("## How it was measured") \
+        < text.index("## Reproduce") < text.index("## Why\n\nThe cast of x") < text.index("## KernelBench's harness")
+    assert text.count("| gemm_avgpool_gelu_residual | 12×48×40 | any | forward |") == 2
+    assert "| candidate |" not in text and "![" not in text
+    assert f"autofuse bench --from-out --out {out} --markdown {target}" in text.split("## Reproduce")[1]
+    assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
+    assert target.read_text() == text  # regenerating from the same reports changes nothing
+    (out / "analysis.md").unlink()  # the analysis is optional
+    assert main(["bench", "--from-out", "--out", str(out), "--markdown", str(target)]) == 0
+    assert "## Why" not in target.read_text() and "## KernelBench's harness" in target.read_text()
     assert main(["bench", "--from-out", "--out", str(tmp_path / "empty")]) == 2  # no --markdown named
 
 
-def test_bf16_bench_shows_the_input_cast_and_the_verdict_against_the_target(tmp_path):
+def test_bf16_bench_times_the_input_cast(tmp_path):
     [report] = bench("matmul_clamp_lse_mish", {"batch_size": 8, "input_size": 32, "hidden_size": 24}, device="cpu",
                      precision="bf16", table=tmp_path / "t.json", use_compile=False, rounds=2)
     cast = report.row("cast x to bf16")
     assert cast.role == "reference" and cast.timing is not None
-    summary = markdown([report], "autofuse bench x", [], tmp_path).split("## Summary")[1].split("\n## ")[0]
-    assert "| bf16, any | 1.12 |" in summary
-
-
-@pytest.mark.parametrize("ratio,target,behind,verdict", [
-    (1.02, 1.03, {}, "met"), (1.03, 1.03, {}, "met"), (1.133, 1.10, {}, "missed by 3.0%"),
-    (1.02, 1.03, {"torch.compile": 1.0001}, "0.01% slower than torch.compile"),
-    (1.2, 1.10, {"eager": 1.05}, "missed by 9.1%; 5.00% slower than eager"),
-    (1.21, Target(1.10, "torch.compile"), {}, "met (1.21x torch.compile)"),
-    (1.0, Target(1.10, "torch.compile"), {"torch.compile": 1.0}, "missed by 10.0% (1.00x torch.compile); 0.00% slower than torch.compile"),
-    (None, 1.10, {}, "-"), (1.2, None, {}, "-")])
-def test_verdict_says_by_how_much_a_target_is_missed(ratio, target, behind, verdict):
-    from autofuse.bench.report import _verdict
-
-    assert _verdict(ratio, target, behind) == verdict
+    assert "| matmul_clamp_lse_mish | 8×32×24 | any | forward |" in markdown([report], "autofuse bench x", tmp_path, tmp_path)
 
 
 def _row(name, role, ms):
@@ -102,31 +95,57 @@ def _row(name, role, ms):
     return BenchRow(name, role, {}, Timing(ms, ms, ms, 3))
 
 
-def test_the_verdict_names_every_baseline_not_beaten_and_the_summary_shows_each_over_the_floor():
-    from autofuse.bench.report import BenchReport, _summary
-
-    report = BenchReport("matmul_gelu_softmax", {"batch_size": 4}, "tf32", "any", {}, [
-        _row("eager", "baseline", 1.2), _row("torch.compile", "baseline", 1.0),
-        _row("torch.compile max-autotune", "baseline", 0.99), _row("autofuse dispatch", "dispatch", 1.01),
-        _row(FLOOR, "floor", 1.0)])
-    header, line = [l for l in _summary([report]) if l.startswith("| ")]
-    assert header.endswith("| fastest variant | eager | torch.compile | torch.compile max-autotune |")
-    assert "| 1.03 | 1.010 () | 1.00% slower than torch.compile; 2.02% slower than torch.compile max-autotune |" in line
-    assert line.endswith("| - (-) | 1.200 | 1.000 | 0.990 |")
-    report.rows = [r for r in report.rows if r.candidate != "torch.compile max-autotune"]
-    report.row("autofuse dispatch").timing = _row("x", "x", 0.9).timing
-    [line] = [l for l in _summary([report]) if l.startswith("| matmul")]
-    assert "| met (not compared with torch.compile max-autotune) |" in line  # a comparison not made is said
+H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0", "cuda": "13.0",
+        "torch": "2.11.0+cu130"}
+SUMMARY_HEADER = ("| problem | shape | mode | step | eager | torch.compile default | max-autotune-no-cudagraphs | "
+                  "autofuse dispatch | cuBLAS-alone floor | time over floor | speedup vs compile |")
 
 
-def test_a_step_report_without_the_row_its_target_compares_with_says_so():
-    from autofuse.bench.report import BenchReport, _summary
+def _report(precision, eager, compiled, autotuned, dispatch, floor, *, problem="matmul_gelu_softmax", mode="any",
+            step=FORWARD, shape=(1024, 8192, 8192), measured="2026-11-24T20:04Z", floor_note="cuBLAS GEMM alone"):
+    from autofuse.bench.report import BenchReport
 
-    report = BenchReport("gemm_bn", {"batch_size": 1024}, "tf32", "train", {}, [
-        _row("eager", "baseline", 1.2), _row("torch.compile max-autotune", "baseline", 0.99),
-        _row("autofuse dispatch", "dispatch", 0.8), _row(FLOOR, "floor", 0.7)], step=TRAINING)
-    [line] = [l for l in _summary([report]) if l.startswith("| gemm_bn")]
-    assert "| ≥ 1.1x torch.compile | " in line and "| not measured (no torch.compile timing) |" in line
+    rows = [_row(name, role, ms) for name, role, ms in (
+        ("eager", "baseline", eager), ("torch.compile", "baseline", compiled),
+        ("torch.compile max-autotune", "baseline", autotuned), ("triton", "variant", dispatch),
+        ("autofuse dispatch", "dispatch", dispatch), (FLOOR, "floor", floor)) if ms is not None]
+    next(r for r in rows if r.candidate == FLOOR).note = floor_note
+    return BenchReport(problem, dict(zip(("batch_size", "in_features", "out_features"), shape)), precision, mode, H100,
+                       rows, step, measured)
+
+
+def test_markdown_is_one_summary_table_per_precision_with_the_method_and_the_command(tmp_path):
+    reports = [_report("bf16", 0.40, 0.35, 0.34, 0.22, 0.17),
+               _report("fp32", 2.74, 2.71, 2.70, 0.716, 2.68, mode="eval", problem="gemm_bn"),
+               _report("fp32", 1.05, 1.03, 1.02, 0.30, 1.00, step=TRAINING, measured=None),
+               _report("ieee", 2.74, 2.71, None, 2.70, 2.68)]
+    text = markdown(reports, "autofuse bench --from-out --out benchmarks --markdown BENCHMARKS.md", tmp_path, tmp_path)
+    # Precisions in the order of PRECISIONS (strictest first), each one table, forward rows first.
+    assert text.index("## ieee") < text.index("## fp32") < text.index("## bf16") < text.index("## How it was measured")
+    fp32 = text.split("## fp32")[1].split("\n## ")[0]
+    assert SUMMARY_HEADER in fp32 and fp32.count("| gemm_bn |") + fp32.count("| matmul_gelu_softmax |") == 2
+    assert ("| gemm_bn | 1024×8192×8192 | eval | forward | 2.7400 | 2.7100 | 2.7000 | 0.7160 | 2.6800 | 0.267 | 3.77x |"
+            in fp32)
+    assert fp32.index("| forward |") < fp32.index("| forward+backward |")
+    # A mode not timed is a dash, and the speedup is over the faster torch.compile that was timed.
+    assert "| matmul_gelu_softmax | 1024×8192×8192 | any | forward | 2.7400 | 2.7100 | - | 2.7000 | 2.6800 | 1.007 | 1.00x |" \
+        in text.split("## ieee")[1]
+    method = text.split("## How it was measured")[1].split("\n## ")[0]
+    for needle in ("NVIDIA H100 80GB HBM3 (132 SMs, compute capability 9.0), CUDA 13.0, torch 2.11.0+cu130",
+                   "CUDA events", "L2", "median", "p20-p80", "2026-11-24", "1 of 4 reports"):
+        assert needle in method, needle
+    assert "```\nautofuse bench --from-out --out benchmarks --markdown BENCHMARKS.md\n```" in text.split("## Reproduce")[1]
+    assert "| candidate |" not in text and "2026-11-24T" not in text  # no per-key sections, no raw stamps
+
+
+def test_a_missed_target_is_said_in_the_cell_it_concerns(tmp_path):
+    forward = _report("bf16", 0.40, 0.35, 0.34, 0.2058, 0.1702, problem="gemm_bn", mode="eval")  # target 1.12
+    training = _report("tf32", 1.6, 1.0, 0.99, 0.95, 0.7, problem="gemm_bn", mode="train", step=TRAINING)  # ≥ 1.1x torch.compile
+    met = _report("fp32", 1.05, 1.03, 1.02, 0.28, 1.00)  # target 0.50
+    text = markdown([forward, training, met], "autofuse bench x", tmp_path, tmp_path)
+    assert "| 1.209 (target 1.12: missed by 8.0%) | 1.65x |" in text
+    assert "| 1.357 | 1.04x (target ≥ 1.1x torch.compile: missed by 4.5% (1.05x torch.compile)) |" in text
+    assert "| 0.280 | 3.64x |" in text
 
 
 @pytest.mark.parametrize("problem,step,precision,mode,shape,expected", [
@@ -168,15 +187,14 @@ def test_forward_and_backward_reports_round_trip_through_save_load_and_markdown(
     loaded = load(tmp_path / "out")
     assert [r.step for r in loaded] == [FORWARD, TRAINING]
     assert [r.to_dict() for r in loaded] == [r.to_dict() for r in reports]
-    text = markdown(loaded, "autofuse bench x", [], tmp_path)
-    forward, training_summary = text.split("## Summary: forward+backward (a training step), time over the floor")
-    assert "| fp32, any | 1.50 |" in forward.split("## Summary: time over the floor")[1]
-    assert "| fp32, any | ≥ 50x eager |" in training_summary.split("\n## ")[0]
-    assert "## gemm_avgpool_gelu_residual batch_size=12,in_features=48,out_features=40 (fp32, any, forward+backward)" in text
-    # Each table says when it ran (reports of several sessions share one page); older reports say they cannot.
+    text = markdown(loaded, "autofuse bench x", tmp_path / "out", tmp_path)
+    fp32 = text.split("## fp32")[1].split("\n## ")[0]
+    assert "| gemm_avgpool_gelu_residual | 12×48×40 | any | forward |" in fp32
+    assert "| gemm_avgpool_gelu_residual | 12×48×40 | any | forward+backward |" in fp32
+    # The page says when the reports ran (reports of several runs share it); older reports say they cannot.
     stamp = training.measured
     assert stamp is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\dZ", stamp)
-    assert f"Measured {stamp.replace('T', ' ')} UTC." in text.split("(fp32, any, forward+backward)")[1]
+    assert f"measured {stamp[:10]} (UTC)" in text.split("## How it was measured")[1]
     old = tmp_path / "old"
     old.mkdir()
     data = json.loads((tmp_path / "out" / "gemm_avgpool_gelu_residual-12-fp32-any-fwdbwd.json").read_text())
@@ -184,7 +202,7 @@ def test_forward_and_backward_reports_round_trip_through_save_load_and_markdown(
     (old / "report.json").write_text(json.dumps(data))
     [undated] = load(old)
     assert undated.measured is None
-    assert "Measured before reports recorded when" in markdown([undated], "autofuse bench x", [], tmp_path)
+    assert "1 of 1 reports predate" in markdown([undated], "autofuse bench x", tmp_path, tmp_path)
 
 
 def test_the_training_step_gates_variants_with_gradients(tmp_path, monkeypatch):

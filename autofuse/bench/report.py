@@ -2,7 +2,9 @@
 
 A report is one problem, shape, precision, mode and step: ``forward`` (inference) or
 ``forward+backward`` (a training step, ``autofuse.tuning.timed_call``). Reports of several runs (one per
-precision, say) are saved into one folder and rendered together (``--from-out``).
+precision, say) are saved into one folder and rendered together (``--from-out``). The Markdown
+is a summary (per precision, one table against eager, torch.compile and the floor, how it was
+measured, the command that reproduces it); every variant's row stays in the JSON and the charts.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ import json
 import os
 import pathlib
 
-from autofuse.bench.targets import FLOOR, FORWARD, TRAINING, Target, target_for
-from autofuse.serve.table import shape_key
+from autofuse.bench.targets import FLOOR, FORWARD, target_for
+from autofuse.serve.table import PRECISIONS, shape_key
 from autofuse.tuning.timing import Timing
 
-# A hand-written file in the results folder that says why targets were missed; the Markdown
-# report includes it after the summary, so the explanation travels with the numbers it explains.
+# An optional hand-written file in the results folder that says why targets were missed; the
+# Markdown report includes it after the tables, so the explanation travels with the numbers.
 ANALYSIS_FILE = "analysis.md"
-# What a user would pick instead (issue 11): a verdict names those it was not compared with.
-EXPECTED_BASELINES = ("eager", "torch.compile", "torch.compile max-autotune")
 BF16_COPY = "compiled bf16 copy"
 DISPATCH = "autofuse dispatch"
 
@@ -138,114 +138,108 @@ def _chart(report: BenchReport, path: pathlib.Path) -> pathlib.Path | None:
     return path
 
 
-def _verdict(measured: float | None, target: Target | float | None, behind: dict[str, float] | None = None,
-             missing: tuple[str, ...] = ()) -> str:
-    """``met``, or each part missed: the target (by how much) and every baseline the dispatch
-    did not beat (``behind``: its time over theirs); ``missing`` names the baselines that were
-    not measured, so a "met" never hides a comparison that was not made."""
-    if measured is None or target is None:
-        return "-"
-    target = target if isinstance(target, Target) else Target(target)
-    misses = [m for m in [target.miss(measured)] if m]
-    misses += [f"{100 * (over - 1):.2f}% slower than {name}" for name, over in (behind or {}).items()]
-    verdict = "; ".join(misses) or ("met" if target.over == FLOOR else f"met ({measured:.2f}x {target.over})")
-    return verdict + (f" (not compared with {', '.join(missing)})" if missing else "")
+# The summary's columns: (header, row) for the times, in ms, then the two ratios.
+COMPILE_MODES = (("torch.compile default", "torch.compile"),
+                 ("max-autotune-no-cudagraphs", "torch.compile max-autotune"))
+TIMES = (("eager", "eager"), *COMPILE_MODES, (DISPATCH, DISPATCH), ("cuBLAS-alone floor", FLOOR))
+HEADER = "| problem | shape | mode | step | " + " | ".join(h for h, _ in TIMES) + " | time over floor | speedup vs compile |"
+# How the reports that --from-out renders are measured: benchmarks/gpu/benchmarks.sh writes them
+# (with KernelBench's harness output) under $OUT/benchmarks, default OUT=gpu-out.
+MEASURE_ON_GPU = ("bash benchmarks/gpu/benchmarks.sh ieee fp32 tf32 bf16\n"
+                  "cp gpu-out/benchmarks/*.json gpu-out/benchmarks/*.png {out}/\n"
+                  "cp -r gpu-out/benchmarks/harness {out}/")
 
 
-def _behind(report: BenchReport, dispatch: BenchRow | None) -> dict[str, float]:
-    """The baselines whose median the dispatch's does not beat, with its time over theirs."""
-    if dispatch is None or dispatch.timing is None:
-        return {}
-    mine = dispatch.timing.median_ms
-    return {r.candidate: mine / r.timing.median_ms for r in report.rows
-            if r.role == "baseline" and r.timing is not None and mine >= r.timing.median_ms}
-
-
-def _missing(report: BenchReport) -> tuple[str, ...]:
-    """Baselines a user would pick instead that this report did not time (--no-compile, a failed compile)."""
-    expected = EXPECTED_BASELINES + ((BF16_COPY,) if report.precision == "bf16" and report.step == FORWARD else ())
-    present = [r.candidate for r in report.rows if r.role == "baseline"]
-    names = list(expected) + [name for name in present if name not in expected]
-    return tuple(n for n in names if report.row(n) is None or report.row(n).timing is None)
-
-
-def _summary(reports: list[BenchReport]) -> list[str]:
-    """A table per step: one line per report with the dispatch against its target, and the
-    fastest variant and every baseline, each over the floor."""
-    lines = []
-    for step, title in ((FORWARD, "## Summary: time over the floor"),
-                        (TRAINING, "## Summary: forward+backward (a training step), time over the floor")):
-        mine = [r for r in reports if r.step == step]
-        if mine:
-            lines += _summary_table(mine, title)
-    return lines
-
-
-def _summary_table(reports: list[BenchReport], title: str) -> list[str]:
-    baselines = list(dict.fromkeys(r.candidate for report in reports for r in report.rows if r.role == "baseline"))
-    lines = [title, "",
-             "| problem | shape | precision, mode | target | autofuse dispatch | verdict | fastest variant | " + " | ".join(baselines) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(baselines)]
-    for report in reports:
-        def over(row):
-            ratio = report.ratio(row, FLOOR) if row is not None else None
-            return f"{ratio:.3f}" if ratio else "-"
-        variants = [r for r in report.rows if r.role == "variant" and r.timing is not None]
-        fastest = min(variants, key=lambda r: r.timing.median_ms, default=None)
-        dispatch = report.row(DISPATCH)
-        target = target_for(report.problem, report.step, report.precision, report.mode, report.shape)
-        measured = target.measure(report, dispatch) if target else None
-        if target and measured is None:  # say which row the target needed, not a bare "-"
-            untimed = [n for n in (DISPATCH, target.over) if report.row(n) is None or report.row(n).timing is None]
-            verdict = f"not measured (no {' or '.join(untimed)} timing)"
-        else:
-            verdict = _verdict(measured, target, _behind(report, dispatch), _missing(report))
-        lines.append(f"| {report.problem} | {shape_key(report.shape)} | {report.precision}, {report.mode} | "
-                     f"{target.text() if target else '-'} | {over(dispatch)} ({dispatch.note if dispatch else '-'}) | "
-                     f"{verdict} | {over(fastest)} ({fastest.candidate if fastest else '-'}) | "
-                     + " | ".join(over(report.row(name)) for name in baselines) + " |")
-    return lines + [""]
-
-
-def markdown(reports: list[BenchReport], command: str, charts: list[pathlib.Path], relative_to: pathlib.Path,
-             analysis: str | None = None) -> str:
-    """BENCHMARKS.md: what ran where, every number as measured, and ``analysis`` (hand-written:
-    why targets were missed) after the summary."""
-    lines = _preamble(reports, command) + _summary(reports)
+def markdown(reports: list[BenchReport], command: str, out: pathlib.Path, relative_to: pathlib.Path,
+             analysis: str | None = None, measured_by: str | None = None) -> str:
+    """BENCHMARKS.md: per precision one summary table, how it was measured, and ``command`` (which
+    wrote this page); ``measured_by``, where given, is how the reports in ``out`` were measured.
+    ``analysis`` (hand-written: why targets were missed) follows. Nothing here depends on when
+    it is rendered, so rendering the same reports again gives the same page."""
+    lines = ["# Benchmarks", "",
+             "Time per call of the autofuse dispatch against what a user would pick instead (eager PyTorch, "
+             "torch.compile in two modes) and against the floor, per precision; medians in ms. "
+             f"Every variant's row, with its p20-p80, is in the JSON reports and charts in {_link(out, relative_to)}.", ""]
+    for precision in sorted({r.precision for r in reports}, key=_precision_order):
+        lines += [f"## {precision}", "", HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
+        lines += [_summary_row(r) for r in reports if r.precision == precision]
+        lines.append("")
+    lines += _method(reports) + _reproduce(command, measured_by)
     if analysis:
         lines += [analysis.strip(), ""]
-    for report in reports:
-        lines += [f"## {report.title}", "",
-                  f"Measured {report.measured.replace('T', ' ')} UTC." if report.measured
-                  else "Measured before reports recorded when (2026-11-23 or earlier).", "",
-                  "| candidate | params | median ms | p20-p80 | speedup vs eager | x floor | note |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in report.rows:
-            t = row.timing
-            params = ",".join(f"{k}={v}" for k, v in row.params.items()) or "-"
-            speed, floor = report.ratio(row, "eager"), report.ratio(row, FLOOR)
-            lines.append(f"| {row.candidate} | {params} | {f'{t.median_ms:.4f}' if t else '-'} | "
-                         f"{f'{t.p20_ms:.4f}-{t.p80_ms:.4f}' if t else '-'} | {f'{speed:.2f}x' if speed else '-'} | "
-                         f"{f'{floor:.2f}' if floor else '-'} | {row.note} |")
-        lines.append("")
-    for chart in charts:
-        # relpath, not Path.relative_to: a --markdown outside the charts' folder tree (/tmp/x.md
-        # with charts in ./benchmarks) needs "../" steps, which relative_to raised on.
-        link = pathlib.Path(os.path.relpath(chart.resolve(), relative_to.resolve())).as_posix()
-        lines.append(f"![{chart.stem}]({link})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
-def _preamble(reports: list[BenchReport], command: str) -> list[str]:
-    device = reports[0].device if reports else {}
+def _precision_order(precision: str) -> tuple[int, str]:
+    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision)
+
+
+def _summary_row(report: BenchReport) -> str:
+    def ms(name):
+        row = report.row(name)
+        return f"{row.timing.median_ms:.4f}" if row is not None and row.timing is not None else "-"
+    dispatch = report.row(DISPATCH)
+    over = report.ratio(dispatch, FLOOR) if dispatch is not None else None
+    compiled = [report.row(name) for _, name in COMPILE_MODES]
+    fastest = min((r for r in compiled if r is not None and r.timing is not None), key=lambda r: r.timing.median_ms, default=None)
+    speedup = (fastest.timing.median_ms / dispatch.timing.median_ms
+               if fastest is not None and dispatch is not None and dispatch.timing is not None else None)
+    cells = [f"{over:.3f}" if over else "-", f"{speedup:.2f}x" if speedup else "-"]
+    target = target_for(report.problem, report.step, report.precision, report.mode, report.shape)
+    measured = target.measure(report, dispatch) if target else None
+    missed = target.miss(measured) if measured is not None else None
+    if missed:  # said in the cell it concerns: time over the floor, or the speedup over a baseline
+        cells[0 if target.over == FLOOR else 1] += f" (target {target.text()}: {missed})"
+    shape = "×".join(str(v) for v in report.shape.values())
+    return (f"| {report.problem} | {shape} | {report.mode} | {report.step} | "
+            + " | ".join(ms(name) for _, name in TIMES) + " | " + " | ".join(cells) + " |")
+
+
+def _method(reports: list[BenchReport]) -> list[str]:
+    devices = list(dict.fromkeys(_device_text(r.device) for r in reports))
+    stamps = sorted(r.measured[:10] for r in reports if r.measured)
+    when = "" if not stamps else f", measured {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "") + " (UTC)"
+    undated = sum(r.measured is None for r in reports)
+    cpu = all(r.device.get("kind") != "cuda" for r in reports)
+    clock = "a monotonic clock around each call" if cpu else "CUDA events around each call, the L2 flushed before it"
     return [
-        "# Benchmarks", "",
-        f"Generated by `{command}` on {datetime.date.today().isoformat()}: {device.get('name')} "
-        + (f"({device.get('sm_count')} SMs, compute capability {device.get('capability')}), CUDA {device.get('cuda')}"
-           if device.get("kind") == "cuda" else f"({device.get('cores')} CPU cores)")
-        + f", torch {device.get('torch')}. "
-        "Medians of interleaved runs (L2 flushed between repetitions), p20-p80 in brackets; "
-        "`x floor` is time over the floor (1.00 = as fast as the floor). A forward+backward table times "
-        "a training step: parameter gradients set to None, the forward, then the backward of a fixed "
-        "random-normal upstream gradient; the input does not require grad (a first layer).", "",
-    ]
+        "## How it was measured", "",
+        f"On {'; '.join(devices)}{when}"
+        + (f"; {undated} of {len(reports)} reports predate the date stamp." if undated else ".")
+        + " Each report times its rows interleaved in one process (`autofuse.tuning.timing.time_interleaved`): "
+        f"rounds of three timed calls per row after one untimed call, {clock}; the table gives each row's median, "
+        "the JSON its p20-p80 as well. Every variant is checked against the float64 reference before it is "
+        "timed; one that fails is reported, not timed.", "",
+        "- *forward*: the module's call under no_grad. *forward+backward*: a training step: parameter gradients set "
+        "to None, the forward, then the backward of a fixed random-normal upstream gradient; the input does not "
+        "require grad (a first layer).",
+        "- *cuBLAS-alone floor*: cuBLAS's GEMM alone at the precision (bf16: on operands already cast; a training "
+        "step: the forward and the weight-gradient GEMMs). gemm_avgpool_gelu_residual's algebra removes its GEMM, "
+        "so its floor is a copy of the bytes the call must move (the floor row's note in the JSON says which).",
+        "- *time over floor*: the dispatch's median over the floor's. *speedup vs compile*: the faster "
+        "torch.compile mode's median over the dispatch's (under bf16 the JSON also times a compiled copy of the "
+        "model cast to bfloat16 once). Where the dispatch misses the project's target "
+        "(`autofuse/bench/targets.py`), the cell says by how much.", ""]
+
+
+def _device_text(device: dict) -> str:
+    if device.get("kind") == "cuda":
+        return (f"{device.get('name')} ({device.get('sm_count')} SMs, compute capability {device.get('capability')}), "
+                f"CUDA {device.get('cuda')}, torch {device.get('torch')}")
+    return f"{device.get('name')} ({device.get('cores')} CPU cores), torch {device.get('torch')}"
+
+
+def _reproduce(command: str, measured_by: str | None) -> list[str]:
+    lines = ["## Reproduce", ""]
+    if measured_by:
+        lines += ["Measure on a GPU (tune every problem at its default shapes, bench the forward and the training "
+                  "step, run KernelBench's harness), then copy the reports into place:", "", "```", measured_by, "```", "",
+                  "Render this page from the reports (it reads JSON only, so any machine will do):", ""]
+    return lines + ["```", command, "```", ""]
+
+
+def _link(folder: pathlib.Path, relative_to: pathlib.Path) -> str:
+    # relpath, not Path.relative_to: a page outside the reports' folder tree (/tmp/x.md with the
+    # reports in ./benchmarks) needs "../" steps, which relative_to raises on.
+    path = pathlib.Path(os.path.relpath(pathlib.Path(folder).resolve(), pathlib.Path(relative_to).resolve())).as_posix()
+    return f"[`{path}/`]({path}/)"

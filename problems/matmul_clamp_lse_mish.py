@@ -49,7 +49,7 @@ class MatmulClampLseMish(Problem):
         # The clamp's derivative drops from 1 to 0 at each bound. Seed 8 of the default shape
         # (randn, randomized) has one logit of 8.4M 2.6e-6 under 10; a forward accurate to 1.8e-7
         # put it above, zeroing its softmax weight: that row's input gradient moved 12%, 0.28%
-        # over all of x, 87x the fp32 bound (tests/device/logs/2026-11-24d-8-*). Rows with a logit
+        # over all of x, 87x the fp32 bound (H100, triton at fp32). Rows with a logit
         # within fp32's relative tolerance of a bound (1e-4 at ±10) are left out: 41-55 of the
         # default shape's 1024 rows under randn (seeds 1-4 and 8; 622 among seed 8's), 12 under
         # large, none under rand. At tf32 and bf16 the floor, eager at that precision, flips its

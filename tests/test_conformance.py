@@ -27,7 +27,7 @@ def test_variant_conforms_tf32_on_gpu(problem, variant):
     assert_variant_conforms(problem, variant, device="cuda", precision="tf32", shapes=shapes)
 
 
-# Open (tests/device/NOTES.md, third session): at 5×33×1000 on large inputs the bf16 forward's small
+# Open: at 5×33×1000 on large inputs the bf16 forward's small
 # softmax entries are 40x further from float64 than eager bf16's, and the input gradient misses
 # (5.24 > 0.475; H100). Strict: the day it passes, this marker must go.
 BF16_ONE_HOT = pytest.mark.xfail(strict=True, reason="99 cublas_epilogue bf16, 5×33×1000 large: gradient 5.24 > 0.475")

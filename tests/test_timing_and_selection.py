@@ -7,7 +7,7 @@ from autofuse.tuning.outcome import Outcome, TrialResult
 from autofuse.tuning.selection import Row, pick_simplest_within_noise
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
 
-# Recorded on an NVIDIA H200 (torch 2.11, fp32) by `autofuse tune` at the default shapes, 2026-11-22.
+# Recorded on an NVIDIA H200 (torch 2.11, fp32) by `autofuse tune` at the default shapes.
 H200_51 = {"eager": Timing(5.614, 5.574, 5.783, 90), "simplified": Timing(0.0802, 0.0792, 0.0926, 90)}
 H200_22 = {"eager": Timing(2.844, 2.839, 2.858, 90), "simplified": Timing(2.819, 2.811, 2.829, 90)}
 
@@ -82,7 +82,7 @@ def test_sleep_calibration_reads_the_working_clock_not_the_idle_one():
 
 
 def test_a_large_win_with_a_host_stalled_tail_is_taken():
-    # A training step is host-bound: 51's single_pass step (H100, fp32 tune, 2026-11-23) had a
+    # A training step is host-bound: 51's single_pass step (H100, fp32 tune) had a
     # median of 0.347 ms against simplified's 0.451 but a tail past it, and simplified was kept.
     simplified = _row("simplified", 1, Timing(0.4506, 0.4460, 0.4580, 50))
     single_pass = _row("single_pass", 5, Timing(0.3467, 0.3420, 0.4600, 50))

@@ -4,8 +4,8 @@ Running a kernel needs the GPU; compiling it needs only Triton's compiler and th
 ships with it. So CI catches here what otherwise costs device time: a kernel that no longer
 compiles for the GPU (the interpreter runs Python, not Triton's compiler), or a configuration
 whose stages and epilogue overflow the 227 KB of shared memory a block may have on an H100. A
-knob tried on the device did that (flattened tile loops: 278 KB; tests/device/NOTES.md, seventh
-session), and a space that offers such configurations wastes tuning trials on them.
+knob tried on the device did that (flattened tile loops, ``tl.range(flatten=True)``: 278 KB at
+128×256 tiles), and a space that offers such configurations wastes tuning trials on them.
 
 Launches are recorded instead of run: the variant's forward runs on CPU tensors with its kernel
 modules swapped for recorders, with and without a gradient needed (the kernels then also store

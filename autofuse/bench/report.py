@@ -44,8 +44,8 @@ class BenchReport:
     device: dict
     rows: list[BenchRow]
     step: str = FORWARD
-    # When the run finished (UTC, ISO 8601 to the minute). Reports of several sessions share a
-    # folder and one BENCHMARKS.md, so each table says when it was measured; None in reports
+    # When the run finished (UTC, ISO 8601 to the minute). Reports of several runs share a
+    # folder and one BENCHMARKS.md, so the page says when they were measured; None in reports
     # saved before the field existed.
     measured: str | None = None
 

@@ -5,7 +5,7 @@ come (training) or not (an evaluation loop that forgot ``no_grad``, KernelBench'
 autograd entry's forward saves what its backward needs, which only a backward repays: 22's kernel
 stores its logits (a forward of 0.7245 against 0.7013 ms at fp32 on an H100), gemm_bn eval's its
 pre-BatchNorm values (1.1182 against 0.9657 at tf32), and 51's autograd entry is a slower kernel
-than its no-grad one (tests/device/NOTES.md, fifteenth session).
+than its no-grad one (benchmarks/gpu/grad_without_backward.py measures each key both ways).
 
 So the dispatcher binds each grad-mode key to a ``GradModeCall``. While backwards come, it runs
 the autograd entry. Once ``SWITCH_AFTER`` calls in a row have had no backward through their

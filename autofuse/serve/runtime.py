@@ -103,7 +103,7 @@ def _dispatch_forward(self, x):
     # The hot path: one attribute read, the key, one dict lookup. With a stub variant it cost
     # 2.4 µs per call, of which nn.Module.__call__ 1.35 and the stub 0.3 (min of 15, loaded 2-core
     # CPU); the key's old model.parameters() walk alone cost 5.6 µs in grad mode. On the GPU:
-    # tests/device/hot_path.py.
+    # benchmarks/gpu/hot_path.py.
     dispatcher = self._autofuse
     try:
         grad = _is_grad_enabled() and (x.requires_grad or dispatcher.parameters_need_grad(self))

@@ -16,7 +16,7 @@ from autofuse.tuning.timing import Timing
 
 TOP_K = 3
 # Below this, a difference is not taken as real whatever the spreads say. Interleaved medians of
-# the GEMM-bound candidates repeated within 0.3% between runs on an H200 (tests/device/NOTES.md),
+# the GEMM-bound candidates repeated within 0.3% between runs on an H200,
 # and a fused epilogue's whole gain over eager there is 1-2%: a 2% floor could never see it.
 MIN_NOISE = 0.005
 RETIME_BUDGET_MS = 2000.0

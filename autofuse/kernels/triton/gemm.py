@@ -23,8 +23,8 @@ persistent, each program walking tiles ``num_programs`` apart.
   them, a bias the tf32 gate rejected).
   "tf32_round" is "tf32" with x rounded inside the kernel, after its tile's load (``round_tf32``:
   integer arithmetic on the bits), so no pass over x. Its products are bit for bit the pass's; it
-  costs the main loop 3.5-5.7% where the pass costs 7.8-13% (H100, 1024×8192² and 16384×4096²,
-  tests/device/probe_round_in_kernel.py). Pointer loads only: after a TMA load, Triton 3.6 gave
+  costs the main loop 3.5-5.7% where the pass costs 7.8-13% (H100, 1024×8192² and 16384×4096²;
+  benchmarks/gpu/operand_paths.py --precision tf32). Pointer loads only: after a TMA load, Triton 3.6 gave
   sums that changed from run to run at some tiles (``triton_variant.OPERANDS``).
   "3xfp16" and "fp16" are "3xtf32" and "tf32" on float16 tensor cores (twice TF32's rate, half
   its bytes): ``fp16_row_parts`` scales each row of x (a pass per call) and of W (cached) by a
@@ -35,7 +35,7 @@ persistent, each program walking tiles ``num_programs`` apart.
   float32; "ieee" is float32 FMA. No other mode changes an operand in registers between its load
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or
   converting a float32 x tile of 64 columns to bfloat16 there, gave wrong sums (errors of 1e-5 to
-  5e-2 and NaN where the interpreter and the host-side splits are exact; tests/device/NOTES.md).
+  5e-2 and NaN where the interpreter and the host-side splits are exact).
 - The fp32 backward (``triton_backward.Fp16Gemms``) multiplies with ``gemm``, the main loop with
   a plain float32 store for an epilogue, on the float16 parts of dy's rows (``fp16_row_parts``)
   and of the columns of W, dy and x (``column_max`` over chunks of rows, then ``fp16_col_parts``,
@@ -218,7 +218,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     and 1/s normal (|e| ≤ 126), so an all-zero or denormal row is scaled less; a row holding inf
     gets s = 2⁻¹¹⁴ (inf·s stays inf). A NaN stays NaN: on an H100 the max passes over it and the
     row is scaled by its other values; the interpreter's max returns NaN and scales it as for inf
-    (tests/device/fp16_parts_edges.py: the GPU equals torch's arithmetic bit for bit otherwise,
+    (benchmarks/gpu/fp16_parts_edges.py: the GPU equals torch's arithmetic bit for bit otherwise,
     denormal rows included)."""
     row = tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK)

@@ -4,7 +4,7 @@
 16-byte alignment of a tensor, an int's value class, every constexpr) and looks the result up in
 its kernel cache, every call: 19 µs for a small kernel and 49 µs for the TMA GEMM of
 ``matmul_clamp_lse_mish`` on an H100's host, where calling the ``CompiledKernel`` that lookup
-returned took 7 and 21 (tests/device/NOTES.md, "third session"). Three such launches were 40% of a
+returned took 7 and 21 (benchmarks/gpu/launch_overhead.py). Three such launches were 40% of a
 call's host time, and in KernelBench's harness, which synchronizes around every call, host time
 before the GEMM's launch is time the GPU waits.
 
@@ -17,8 +17,9 @@ must) and remembers what it returned. It steps aside for launch hooks (profilers
 a callable grid, and Triton's interpreter (whose kernels are not ``JITFunction``s). Triton's
 process-wide debug and instrumentation settings are read at a key's first launch only.
 
-Measured on the H100 (fourth session): a GEMM launch 24-34 µs through it, 35-37 through
-``JITFunction``; with the rest of that commit, 22's call 227 -> 130-142 µs of host time.
+Measured on an H100 (benchmarks/gpu/launch_overhead.py): a GEMM launch 24-34 µs through it, 35-37
+through ``JITFunction``; with the autograd node recorded after the launches (``autograd.fused_call``),
+22's call 227 -> 130-142 µs of host time.
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ for the stages, or more accumulator registers per thread than a warp group can h
 Warp specialization is not a knob. Triton 3.6 runs a Hopper pass for loops marked
 ``tl.range(warp_specialize=True)``, but on an H100 it did not give a working GEMM: with 8 warps
 it left the kernel as it was, and with 4 it failed to compile (a descriptor store) or compiled
-a kernel that faulted (illegal address), persistent or not (tests/device/probe_warp_specialize.py,
-tests/device/NOTES.md, eleventh session). Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
+a kernel that faulted (illegal address), persistent or not (a bf16 GEMM at 1024×8192×8192).
+Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
 Nor is flattening a persistent program's tile and k loops into one pipelined loop
 (``tl.range(flatten=True)``, Triton's persistent-matmul tutorial). On an H100 it made
 matmul_clamp_lse_mish's forward 1.3-1.5% faster at tf32 and bf16; the kernels of
 matmul_gelu_softmax and gemm_bn, whose epilogues store a tile, ran out of shared memory (278 of
 227 KB) at the 128×256 tiles they are fastest with: the stages stay live through the epilogue,
-beside the tile's staging buffer (tests/device/NOTES.md, seventh session).
+beside the tile's staging buffer (tests/test_triton_compiles_for_hopper.py keeps such configurations out).
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ GROUPS = (8, 16)
 # 3xTF32 it may be (split_trunc): the low part x − trunc(x) undoes the truncation, and x's pass
 # writes one tensor instead of two. round_kernel rounds x's tiles in the main loop instead of by a
 # pass: the same products, the pass's 7.8-13% of the GEMM traded for 3.5-5.7% in the loop (H100,
-# tests/device/probe_round_in_kernel.py); the tuner weighs the two per key. By pointer loads
+# 1024×8192² and 16384×4096²; benchmarks/gpu/operand_paths.py); the tuner weighs the two per key. By pointer loads
 # only: with x's tile loaded through a tensor descriptor, Triton 3.6 gave sums that changed from
-# run to run, 1e-5 to 1e-1 off, at 128×256×32 and 128×128×64 (tests/device/round_kernel_sweep.py).
+# run to run, 1e-5 to 1e-1 off, at 128×256×32 and 128×128×64 (benchmarks/gpu/round_kernel_sweep.py).
 # W alone through its descriptor beside x by pointers was 3% faster at 22 but broke the kernels
-# that also store a tile (22's logits for its backward, gemm_bn's z: 0.2-0.8 off;
-# tests/device/round_kernel_grad_gate.py), so W comes by pointers too.
+# that also store a tile (22's logits for its backward, gemm_bn's z: 0.2-0.8 off at the default
+# shapes on an H100, caught by the gradient gate), so W comes by pointers too.
 OPERANDS = {
     "split_host": ("fp32", "3xtf32", 8, 8),  # hi and lo parts of x (a pass per call) and W (cached)
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
@@ -78,7 +78,7 @@ OPERANDS = {
     "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
     # float16 tensor cores (twice TF32's rate) on rows scaled by powers of two (fp16_row_parts); at
     # the default shapes on an H100 0.26-0.30x cuBLAS fp32's time (the TF32 splits: 0.47-0.51x)
-    # and 0.65-0.92x cuBLAS tf32's (round_host: 1.07-1.36x; tests/device/operand_paths.py):
+    # and 0.65-0.92x cuBLAS tf32's (round_host: 1.07-1.36x; benchmarks/gpu/operand_paths.py):
     "split_fp16": ("fp32", "3xfp16", 4, 4),  # hi and lo in float16, x's by a pass per call, W's cached
     "scaled_fp16": ("tf32", "fp16", 2, 2),  # x and W rounded to 11 significant bits, as TF32 rounds them
 }
@@ -86,12 +86,11 @@ OPERANDS = {
 # ea4a20f, "convert") is not offered: it passed the gates but was 4-12% slower than the cast
 # pass plus the bfloat16 main loop at every triton key's tuned configuration, with TMA or
 # pointer loads (22: 0.2218 against 0.2056 ms; gemm_bn train 16384: 1.1642 against 1.1008; H100,
-# tests/device/operand_paths.py). Reading float32 x once per column tile costs more than one
+# benchmarks/gpu/operand_paths.py). Reading float32 x once per column tile costs more than one
 # pass that writes it in bfloat16.
 SPLIT_MODES = ("3xtf32", "3xfp16")  # kernel MODEs that read the low parts
 # The first configuration of each precision (the tuner tries it first): the fastest at the default
-# shapes on an H100 (fp32 and tf32: tests/device/operand_paths.py, thirteenth session; bf16: the
-# first session's probe, tests/device/NOTES.md).
+# shapes on an H100 (benchmarks/gpu/operand_paths.py times each operand path at the tabled tiles).
 DEFAULTS = {
     "fp32": {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
              "persistent": True, "tma": True, "operands": "split_fp16"},

@@ -14,8 +14,10 @@
 # Steps: tune (forward and autograd entries), bench (forward table), grad (forward+backward
 # table), harness (benchmarks/gpu/kernelbench_harness.py on 51, 99, 22 and bn-train's 39).
 # Everything lands in $OUT/benchmarks (the table it used and updated, reports, charts, logs,
-# the harness's JSON and ModelNew files); copy that folder to benchmarks/ and pass
-# TABLE=benchmarks/table.json to the next command, so a bench-only command never tunes again.
+# the harness's JSON and ModelNew files). Copy the table, reports and charts (*.json, *.png) and
+# harness/ to benchmarks/ (the logs stay out of git) and pass TABLE=benchmarks/table.json to the
+# next command, so a bench-only command never tunes again; BENCHMARKS.md's "Reproduce" section
+# has the commands.
 #
 # Device time (H100 estimates, not yet measured with these defaults): a tune of one unit at one
 # precision ~30-60 s; its forward bench ~30 s without torch.compile, plus ~20-40 s per compile

@@ -65,7 +65,8 @@ BASH = [b for b in ALL if b.lang == "bash"]
 
 
 def test_the_pages_exist():
-    expected = ["autograd", "benchmarks", "contributing", "kernelbench", "kernels", "plugins", "precision", "table"]
+    expected = ["autograd", "benchmarks", "cli", "contributing", "kernelbench", "kernels", "plugins", "precision",
+                "table", "tuning"]
     assert [p for p in expected if not (ROOT / "docs" / f"{p}.md").exists()] == []
 
 

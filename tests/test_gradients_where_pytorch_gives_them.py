@@ -13,7 +13,8 @@ from helpers import PROBLEMS, SMALL, assert_close, kernelbench_model, twin
 from autofuse.core import plugins, registry
 
 B, IN, OUT = SMALL
-MODES = [(p, m) for p in PROBLEMS for m in (("train", "eval") if registry.get_problem(p).mode_sensitive else ("train",))]
+MODES = [(p, m) for p in PROBLEMS
+         for m in (("train", "eval") if registry.get_problem(p).mode_sensitive else ("train",))]
 
 
 def _cpu_autograd_variants(problem):
@@ -41,7 +42,8 @@ def assert_gradients_where_pytorchs_are(problem, mode, variant_name, params=None
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         if q.grad is not None:
             assert p.grad is not None, f"{problem}/{variant_name} ({mode}): {name}.grad is None; PyTorch's is {q.grad}"
-            assert_close(p.grad, q.grad, atol=tol.atol, rtol=tol.rtol, what=f"{problem}/{variant_name} ({mode}): {name}.grad")
+            assert_close(p.grad, q.grad, atol=tol.atol, rtol=tol.rtol,
+                         what=f"{problem}/{variant_name} ({mode}): {name}.grad")
 
 
 @pytest.mark.parametrize("problem, mode, variant", CASES, ids=[f"{p}-{m}-{v}" for p, m, v in CASES])

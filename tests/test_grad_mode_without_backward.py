@@ -47,15 +47,15 @@ def counted(monkeypatch):
     return counts
 
 
-def tuned_pair(problem, mode="train", autograd_entry="simplified"):
+def tuned_pair(problem, mode="train", autograd_entry="simplified", device="cpu"):
     """A module whose grad-mode key is tuned to ``autograd_entry`` (None: not tuned, so the
     reference serves it) and no-grad key to ``eager``, in ``mode``, holding a randomized
-    KernelBench model's state; and that model."""
+    KernelBench model's state; and that model; both on ``device``."""
     if autograd_entry is not None:
-        record(problem, B, IN, OUT, mode=mode_of(problem, mode), autograd=True, variant=autograd_entry)
-    record(problem, B, IN, OUT, mode=mode_of(problem, mode), autograd=False, variant="eager")
-    reference = kernelbench_model(problem, B, IN, OUT, mode=mode)
-    module = module_for(problem).train(mode == "train")
+        record(problem, B, IN, OUT, mode=mode_of(problem, mode), autograd=True, variant=autograd_entry, device=device)
+    record(problem, B, IN, OUT, mode=mode_of(problem, mode), autograd=False, variant="eager", device=device)
+    reference = kernelbench_model(problem, B, IN, OUT, mode=mode).to(device)
+    module = module_for(problem).train(mode == "train").to(device)
     module.load_state_dict(reference.state_dict())
     return reference, module
 
@@ -196,15 +196,17 @@ def _replace(model, name, value):
 SWITCHED = [(p, "train") for p in PROBLEMS] + [("gemm_bn", "eval")]
 
 
-@pytest.mark.parametrize("problem, mode", SWITCHED)
-def test_a_parameter_replaced_before_the_backward_gets_pytorchs_gradients(problem, mode):
-    """The recompute differentiates the tensors the forward used, not the model's current ones:
-    the replaced parameter gets its gradient, its replacement none, the rest PyTorch's values."""
-    tol = registry.get_problem(problem).tolerances["fp32"]
+def assert_replaced_parameters_get_pytorchs_gradients(problem, mode, entry="simplified", device="cpu"):
+    """Each parameter in turn replaced between the switched call and its backward: the replaced
+    one gets its gradient, its replacement none, and every gradient is PyTorch's within the
+    problem's fp32 tolerance (on the GPU, parameters the output does not depend on: finite only,
+    as the gate checks them)."""
+    prob = registry.get_problem(problem)
+    tol, invariant = prob.tolerances["fp32"], prob.invariant_parameters(mode) if device != "cpu" else ()
     names = [n for n, _ in kernelbench_model(problem, B, IN, OUT).named_parameters()]
     for name in names:
-        reference, module = tuned_pair(problem, mode)
-        x = torch.randn(B, IN)
+        reference, module = tuned_pair(problem, mode, entry, device)
+        x = torch.randn(B, IN, device=device)
         for _ in range(SWITCH_AFTER):
             module(x), reference(x)
         x_got, x_want = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -220,9 +222,32 @@ def test_a_parameter_replaced_before_the_backward_gets_pytorchs_gradients(proble
         assert module.get_parameter(name).grad is None, f"{name}'s replacement was not in the forward"
         assert_close(x_got.grad, x_want.grad, atol=tol.atol, rtol=tol.rtol, what=f"x's gradient ({name} replaced)")
         for n, p in used[1].items():
-            assert used[0][n].grad is not None, f"{n} has no gradient ({name} replaced); PyTorch's is {p.grad}"
-            assert_close(used[0][n].grad, p.grad, atol=tol.atol, rtol=tol.rtol,
-                         what=f"{n}'s gradient ({name} replaced)")
+            got = used[0][n].grad
+            assert got is not None, f"{n} has no gradient ({name} replaced); PyTorch's is {p.grad}"
+            assert torch.isfinite(got).all(), f"{n}'s gradient is not finite ({name} replaced)"
+            if n not in invariant:
+                assert_close(got, p.grad, atol=tol.atol, rtol=tol.rtol, what=f"{n}'s gradient ({name} replaced)")
+
+
+@pytest.mark.parametrize("problem, mode", SWITCHED)
+def test_a_parameter_replaced_before_the_backward_gets_pytorchs_gradients(problem, mode):
+    """The recompute differentiates the tensors the forward used, not the model's current ones."""
+    assert_replaced_parameters_get_pytorchs_gradients(problem, mode)
+
+
+# The fused autograd entries on the GPU (their FusedFunction nodes, their cached weight copies).
+GPU_ENTRIES = [(p, m, v) for p, m in SWITCHED for v, cls in sorted(registry.variants(p).items())
+               if cls.supports_autograd and "cuda" in cls.devices
+               and cls.kind not in ("eager", "simplified", "compiled")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem, mode, entry", GPU_ENTRIES, ids=[f"{p}-{m}-{v}" for p, m, v in GPU_ENTRIES])
+def test_on_the_gpu_a_parameter_replaced_before_the_backward_gets_pytorchs_gradients(problem, mode, entry):
+    reason = registry.get_variant(problem, entry).admits("cuda", torch.float32, "fp32", autograd=True)
+    if reason is not None:
+        pytest.skip(f"{problem}/{entry} cannot run here: {reason}")
+    assert_replaced_parameters_get_pytorchs_gradients(problem, mode, entry, "cuda")
 
 
 @pytest.mark.parametrize("problem, mode", [(p, "train") for p in PROBLEMS[1:]] + [("gemm_bn", "eval")])

@@ -355,3 +355,22 @@ def test_a_parameter_two_modules_hold_gets_its_gradient_once():
     reference(x).backward(g)
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         assert_close(p.grad, q.grad, atol=tol.atol, rtol=tol.rtol, what=f"{name}'s gradient")
+
+
+def test_a_submodule_replaced_after_eval_is_differentiated_in_the_forwards_training_mode():
+    tol = registry.get_problem("gemm_bn").tolerances["fp32"]
+    reference, module = tuned_pair("gemm_bn", "train")
+    x = torch.randn(B, IN)
+    for _ in range(SWITCH_AFTER):
+        module(x), reference(x)
+    out, want = module(x), reference(x)
+    used, bn = (list(module.parameters()), list(reference.parameters())), module.bn
+    for model in (module, reference):
+        model.eval()  # the forward's BatchNorm too, before it leaves the model
+        _replace_state(model, "bn")
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g)
+    for (name, _), p, q in zip(module.named_parameters(), *used):
+        assert_close(p.grad, q.grad, atol=tol.atol, rtol=tol.rtol, what=f"{name}'s gradient")
+    assert not bn.training, "the forward's BatchNorm is left in the mode it was in"

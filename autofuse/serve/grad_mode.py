@@ -118,7 +118,8 @@ class Recompute(torch.autograd.Function):
         values[parameters] = params  # the saved tensors: the ones differentiated are the ones read
         needs = _first_of_each(params, ctx.needs_input_grad[4:])
         create_graph = torch.is_grad_enabled()  # on here only under backward(create_graph=True)
-        with (torch.enable_grad(), _as_in_the_forward(model, ctx.training), _put_back(slots, values),
+        # The forward's submodules first, so the train/eval mode and the buffers kept are theirs.
+        with (torch.enable_grad(), _put_back(slots, values), _as_in_the_forward(model, ctx.training),
               _buffers_kept(model)):
             x_again = x.detach().requires_grad_(needs[0])
             out = call.saving(model, x_again)

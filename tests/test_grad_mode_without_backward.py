@@ -250,24 +250,46 @@ def test_on_the_gpu_a_parameter_replaced_before_the_backward_gets_pytorchs_gradi
     assert_replaced_parameters_get_pytorchs_gradients(problem, mode, entry, "cuda")
 
 
-@pytest.mark.parametrize("problem, mode", [(p, "train") for p in PROBLEMS[1:]] + [("gemm_bn", "eval")])
-def test_torch_func_grad_and_vmap_after_the_switch_give_pytorchs_results(problem, mode):
-    # gemm_bn in training mode updates its running statistics in place: neither transform takes it,
-    # in PyTorch either.
+def assert_torch_func_gives_pytorchs_results(problem, mode, entry="simplified", device="cpu"):
+    """torch.func.grad over functional_call, and vmap, give PyTorch's results before the switch and after."""
     tol = registry.get_problem(problem).tolerances["fp32"]
-    reference, module = tuned_pair(problem, mode)
-    x = torch.randn(B, IN)
-    for _ in range(SWITCH_AFTER):
-        module(x)
+    reference, module = tuned_pair(problem, mode, entry, device)
+    x, xs = torch.randn(B, IN, device=device), torch.randn(3, B, IN, device=device)
     params = {n: p.detach() for n, p in module.named_parameters()}
 
     def loss(model):
         return lambda ps: torch.func.functional_call(model, ps, (x,)).square().sum()
-    got, want = torch.func.grad(loss(module))(params), torch.func.grad(loss(reference))(params)
-    for name in params:
-        assert_close(got[name], want[name], atol=tol.atol, rtol=tol.rtol, what=f"torch.func.grad's {name}")
-    xs = torch.randn(3, B, IN)
-    assert_close(torch.func.vmap(module)(xs), torch.stack([reference(row) for row in xs]), tol, what="vmap's output")
+    want = torch.func.grad(loss(reference))(params)
+    for calls in (0, SWITCH_AFTER):
+        for _ in range(calls):
+            module(x)
+        got = torch.func.grad(loss(module))(params)
+        for name in params:
+            assert_close(got[name], want[name], atol=tol.atol, rtol=tol.rtol,
+                         what=f"torch.func.grad's {name} after {calls} calls")
+        assert_close(torch.func.vmap(module)(xs), torch.stack([reference(row) for row in xs]), tol,
+                     what=f"vmap's output after {calls} calls")
+
+
+# gemm_bn in training mode updates its running statistics in place: neither transform takes it,
+# in PyTorch either.
+FUNCTORCH = [(p, "train") for p in PROBLEMS[1:]] + [("gemm_bn", "eval")]
+
+
+@pytest.mark.parametrize("problem, mode", FUNCTORCH)
+def test_torch_func_grad_and_vmap_after_the_switch_give_pytorchs_results(problem, mode):
+    assert_torch_func_gives_pytorchs_results(problem, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem, mode, entry", [e for e in GPU_ENTRIES if e[:2] in FUNCTORCH],
+                         ids=[f"{p}-{m}-{v}" for p, m, v in GPU_ENTRIES if (p, m) in FUNCTORCH])
+def test_on_the_gpu_torch_func_grad_and_vmap_give_pytorchs_results(problem, mode, entry):
+    """The fused entries read data pointers that functorch's tensors lack: the reference serves."""
+    reason = registry.get_variant(problem, entry).admits("cuda", torch.float32, "fp32", autograd=True)
+    if reason is not None:
+        pytest.skip(f"{problem}/{entry} cannot run here: {reason}")
+    assert_torch_func_gives_pytorchs_results(problem, mode, entry, "cuda")
 
 
 def _replace_state(model, name):

@@ -24,10 +24,11 @@ gets its gradient; its replacement gets none). The variants' cached weight copie
 key on a tensor's data pointer and version, so they serve the forward's tensors, never the
 replacement's. An in-place change of a parameter in between raises, as eager's does.
 
-Under a functorch transform (``torch.func.grad``, ``vmap``) every call runs the autograd entry:
-the transform differentiates or batches it like any PyTorch code, where the node could not take
-part (it would need ``setup_context`` and a vmap rule, and its no-grad forward reads data
-pointers that functorch's wrapped tensors do not have).
+Under a functorch transform (``torch.func.grad``, ``vmap``, ``jacrev``...) a call runs the
+reference forward, which the transform differentiates or batches like any PyTorch code. Neither
+the node nor a fused entry could take part: an autograd Function needs ``setup_context`` and a
+vmap rule there, and the fused kernels and the cached weight copies read data pointers, which
+functorch's wrapped tensors do not have.
 
 Where a key has no autograd entry (only the no-grad key was tuned), the first calls run the
 reference and the rest the no-grad entry.
@@ -39,6 +40,8 @@ import contextlib
 import weakref
 
 import torch
+
+from autofuse.core.variant import EagerVariant
 
 SWITCH_AFTER = 3  # grad-mode calls in a row without a backward before the no-grad entry serves
 
@@ -53,21 +56,27 @@ class GradModeCall:
         self._dispatcher, self.saving = weakref.ref(dispatcher), saving
         self.no_grad_key = (*key[:3], False, *key[4:])
         self.since_backward = 0  # calls since the last backward through an output of this key
+        self.reference = None  # what serves under a functorch transform, made at the first such call
 
     @property
     def dispatcher(self):
         return self._dispatcher()
 
     def __call__(self, model, x):
+        if torch._C._are_functorch_transforms_active():  # ~0.1 µs a call; the module docstring says why
+            return self._under_functorch(model, x)
         if self.since_backward < SWITCH_AFTER:
             self.since_backward += 1
             out = self.saving(model, x)
             if out.requires_grad:
                 out.register_hook(self._backward_came)
             return out
-        if torch._C._are_functorch_transforms_active():  # the module docstring says why
-            return self.saving(model, x)
         return self._without_saving(model, x)
+
+    def _under_functorch(self, model, x):
+        if self.reference is None:
+            self.reference = EagerVariant(self.dispatcher.precision)
+        return self.reference(model, x)
 
     def _backward_came(self, grad):
         self.since_backward = 0  # returns None: the gradient passes unchanged

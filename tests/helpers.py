@@ -76,10 +76,10 @@ def twin(model):
 
 
 def record(problem, batch, n_in, n_out, *, mode="any", autograd=False, variant="simplified",
-           dtype="float32", precision="fp32", path=None, **entry_fields):
-    """Write one dispatch-table entry for the CPU as if the tuner had chosen ``variant``."""
+           dtype="float32", precision="fp32", path=None, device="cpu", **entry_fields):
+    """Write one dispatch-table entry for ``device`` as if the tuner had chosen ``variant``."""
     entry = {"variant": variant, "params": {}, "median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0,
              "eager_ms": 2.0, "speedup": 2.0, "error": 1e-7, **entry_fields}
     key = DispatchKey(dtype, precision, mode, autograd).to_str()
-    DispatchTable(path).record(current_fingerprint("cpu"), registry.get_problem(problem).name,
+    DispatchTable(path).record(current_fingerprint(device), registry.get_problem(problem).name,
                                shape_key(sizes(problem, batch, n_in, n_out)), key, entry)

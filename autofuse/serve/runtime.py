@@ -153,6 +153,7 @@ def _install_registration_hooks() -> None:
     if not _hooks_installed:
         nn.modules.module.register_module_parameter_registration_hook(_count_registration)
         nn.modules.module.register_module_module_registration_hook(_count_registration)
+        nn.modules.module.register_module_buffer_registration_hook(_count_registration)
         _hooks_installed = True
 
 
@@ -176,6 +177,8 @@ class Dispatcher:
         self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
         self._params: tuple = ()
         self._params_seen = -1
+        self._slots: tuple = ()
+        self._slots_seen = -1
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -194,14 +197,25 @@ class Dispatcher:
                 return True
         return False
 
-    def grad_parameters(self, model) -> tuple:
-        """The parameters that require grad, from the same cached tuple."""
-        return tuple(p for p in self._parameters(model) if p.requires_grad)
-
     def _parameters(self, model) -> tuple:
         if self._params_seen != _registrations[0]:
             self._params_seen, self._params = _registrations[0], tuple(model.parameters())
         return self._params
+
+    def state_slots(self, model) -> tuple[tuple, slice]:
+        """Where ``model`` holds its state, and which of those slots hold its parameters:
+        ``(dict, name)`` for each submodule, parameter and buffer (``module._modules``,
+        ``._parameters``, ``._buffers``), in that order. Read at a call, they give what the model
+        holds then, a tensor swapped into those dicts directly (``torch.func.functional_call``)
+        included; cached like the parameters."""
+        if self._slots_seen != _registrations[0]:
+            modules = tuple(model.modules())
+            groups = [[(getattr(m, where), name) for m in modules for name in getattr(m, where)]
+                      for where in ("_modules", "_parameters", "_buffers")]
+            first = len(groups[0])
+            self._slots_seen = _registrations[0]
+            self._slots = (tuple(groups[0] + groups[1] + groups[2]), slice(first, first + len(groups[1])))
+        return self._slots
 
     def call_key(self, model, x) -> tuple:
         """The hot path's key, for any ``x`` (a non-tensor gives one that never matches)."""
@@ -214,7 +228,7 @@ class Dispatcher:
         with self._lock:
             self.epoch += 1
             self.ready.clear()
-            self._params_seen = -1
+            self._params_seen = self._slots_seen = -1
 
     # -- resolving a key -----------------------------------------------------------
     def call_for(self, model, x, key) -> object:

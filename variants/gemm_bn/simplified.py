@@ -7,7 +7,9 @@ and scale folds into one per-column factor, so
 is one GEMM and one fused affine. The running statistics are updated exactly as
 BatchNorm1d does: num_batches_tracked += 1, then a lerp by momentum (or by
 1/num_batches_tracked when momentum is None) towards s·(mean(z) + b) and the unbiased
-variance s²·var(z)·n/(n−1). Needs batch >= 2, like PyTorch.
+variance s²·var(z)·n/(n−1). Needs batch >= 2, like PyTorch. Under autograd the bias, absent
+from the formula, still gets its gradient (exactly zero; PyTorch's is rounding noise): β + (b − b)
+carries it, so an optimizer steps it as it would PyTorch's (weight decay included).
 
 Eval mode. With k = γ/√(running_var + eps), the whole block is one linear layer,
     W' = W·(s·k)[:, None],   b' = b·s·k − running_mean·k + β,
@@ -50,6 +52,8 @@ class SimplifiedGemmBn(Variant):
         var_z, mean_z = torch.var_mean(z, dim=0, correction=0)
         gamma = bn.weight if bn.weight is not None else 1.0
         beta = bn.bias if bn.bias is not None else torch.zeros_like(mean_z)
+        if gemm.bias is not None and gemm.bias.requires_grad and torch.is_grad_enabled():
+            beta = beta + (gemm.bias - gemm.bias)  # zero, and a zero gradient for b (module docstring)
         coef = scale * gamma * torch.rsqrt(scale * scale * var_z + bn.eps)
         out = torch.addcmul(beta, z - mean_z, coef)
         if bn.track_running_stats and bn.running_mean is not None:

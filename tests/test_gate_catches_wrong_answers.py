@@ -178,6 +178,16 @@ def test_gate_rejects_the_decoys_saying_why(decoys, problem, name, says, sizes):
     assert says in result.reason, f"{name}: the reason should say {says!r}, got {result.reason!r}"
 
 
+def test_gate_rejects_a_parameter_without_a_gradient_where_pytorch_gives_one(decoys):
+    """An optimizer skips a parameter whose .grad is None (weight decay included): a variant that
+    leaves one None where PyTorch gives a tensor trains differently, even where the values are ~0."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    cases = check_cases(prob, _shape("matmul_gelu_softmax"), seed=321)
+    result = check_variant(registry.get_variant("matmul_gelu_softmax", "drops_bias_gradient")("fp32"), prob, cases,
+                           "cpu", autograd=True)
+    assert not result.ok and "gradient of linear.bias is None where PyTorch's is a tensor" in result.reason, result.reason
+
+
 def test_a_tune_records_the_contract_decoys_as_incorrect_and_eager_wins(decoys, tmp_path):
     """The issue's two: right values as float64, and in transposed storage, had passed ("ok")."""
     names = ["eager", "float64_output", "transposed_output"]

@@ -292,6 +292,8 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     worst = 0.0
     invariant = problem.invariant_parameters(mode)
     for name, expected in want.items():
+        if got[name] is None and expected is not None:  # an optimizer would skip it, weight decay too
+            return worst, f"gradient of {name} is None where PyTorch's is a tensor"
         expected = torch.zeros_like(prepared.x, dtype=torch.float64) if expected is None else expected
         actual = got[name] if got[name] is not None else torch.zeros_like(expected)
         if name in invariant:

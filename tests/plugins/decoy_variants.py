@@ -46,6 +46,16 @@ class MetaOutput(_Decoy):
         return torch.empty(x.shape[0], model.linear.out_features, dtype=x.dtype, device="meta")
 
 
+class DropsBiasGradient(_Decoy):
+    name = "drops_bias_gradient"
+    description = "the right output and input gradient, the bias detached: its .grad stays None"
+    supports_autograd = True
+
+    def forward(self, model, x):
+        lin = model.linear
+        return F.softmax(F.gelu(F.linear(x, lin.weight, lin.bias.detach())), dim=1)
+
+
 class RightOnlyForNonNegative(_Decoy):
     name = "nonnegative_only"
     description = "right for KernelBench's torch.rand inputs (x >= 0), ReLU in place of GELU otherwise"
@@ -130,7 +140,7 @@ class FlatLseMish(_Decoy):
 
 
 DECOYS = [Float64Output, TransposedOutput, MetaOutput, RightOnlyForNonNegative, CachedByShape, CachedByDataPtr,
-          MutatesInput, Noisy, WrongOneCallInFour, WeightsSnapshotted, FlatLseMish]
+          MutatesInput, Noisy, WrongOneCallInFour, WeightsSnapshotted, FlatLseMish, DropsBiasGradient]
 
 
 @autofuse.hookimpl

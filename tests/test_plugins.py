@@ -13,6 +13,7 @@ from helpers import PROBLEMS
 import autofuse
 from autofuse import hookspecs
 from autofuse.core import plugins, registry
+from autofuse.core.variant import EagerVariant
 
 EXTERNAL = '''
 import torch.nn.functional as F
@@ -163,6 +164,53 @@ def test_an_environment_variable_blocks_named_plugins(monkeypatch, fresh_registr
     assert "simplified" not in registry.variants("gemm_bn")
     assert "eager" in registry.variants("gemm_bn")
     assert "matmul_clamp_lse_mish" not in registry.problems()
+
+
+def test_eager_is_one_generic_variant_for_every_problem_a_file_problem_too(monkeypatch, fresh_registry):
+    # Issue 31: the four variants/*/eager.py differed only in a class name; like `compiled`, one
+    # generic `eager` now joins every problem, with a class per problem and the reference in its hash.
+    from autofuse.kernelbench import problem as kernelbench
+
+    monkeypatch.setenv(kernelbench.ENV, "")
+    file_problem = str(pathlib.Path(__file__).parent / "kernelbench" / "gemm_sigmoid_sum.py")
+    try:
+        classes = {p: registry.get_variant(p, "eager") for p in [*PROBLEMS, file_problem]}
+        for problem, cls in classes.items():
+            assert registry.is_generic(problem, "eager") and registry.owner(problem, "eager") == "eager", problem
+            assert issubclass(cls, EagerVariant) and cls.problem == registry.get_problem(problem).name
+        assert len({cls.source_hash() for cls in classes.values()}) == len(classes)  # each its reference's
+        assert classes["gemm_bn"] is registry.get_variant("gemm_bn", "eager")  # the same class while the problem is
+    finally:
+        kernelbench.forget()
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "eager")
+    plugins.reset_plugin_manager()
+    assert all("eager" not in registry.variants(p) for p in PROBLEMS)
+
+
+def test_a_problems_own_variant_is_kept_over_a_generic_one_of_the_same_name(monkeypatch, tmp_path, fresh_registry):
+    # Plugins written before eager was generic (the example's matmul_sigmoid_sum) register their own.
+    _register(monkeypatch, '''
+        import dataclasses
+        import autofuse
+        from autofuse.core.variant import EagerVariant
+        from autofuse.problems.gemm_bn import PROBLEM
+
+        class OwnEager(EagerVariant):
+            name = "eager"
+            problem = "gemm_bn_copy"
+            description = "the problem's own eager"
+
+        @autofuse.hookimpl
+        def autofuse_register_problems():
+            return [dataclasses.replace(PROBLEM, name="gemm_bn_copy", aliases=())]
+
+        @autofuse.hookimpl
+        def autofuse_register_variants():
+            return [OwnEager]
+    ''', "own_eager_plugin", tmp_path)
+    assert registry.get_variant("gemm_bn_copy", "eager").__name__ == "OwnEager"
+    assert registry.owner("gemm_bn_copy", "eager") == "own_eager_plugin" and not registry.is_generic("gemm_bn_copy", "eager")
+    assert registry.is_generic("gemm_bn", "eager")
 
 
 def test_tracing_prints_hook_calls(monkeypatch, capsys, fresh_registry):

@@ -55,10 +55,10 @@ def _build() -> _Registry:
     reg = _Registry(problems={}, aliases={}, variants={}, owners={}, plugins=plugins.generation())
     for plugin, problem in _hook_results("autofuse_register_problems"):
         _add_problem(reg, plugin, problem)
-    # Before the plugins' variants, which may name a file problem (kb_<stem>).
+    # Before the plugins' variants, which may name a file problem (kb_<stem>). Its eager
+    # variant is the generic one (variants/eager.py), as for every problem.
     for problem in kernelbench.registered():
         _add_problem(reg, f"kernelbench:{problem.file.origin}", problem)
-        _add_variant(reg, f"kernelbench:{problem.file.origin}", problem.eager_variant)
     reg.kernelbench = kernelbench.generation()
     for plugin, variant in _hook_results("autofuse_register_variants"):
         _add_variant(reg, plugin, variant)
@@ -67,6 +67,8 @@ def _build() -> _Registry:
             if getattr(variant, "problem", None) != problem.name:
                 raise PluginError(f"plugin {plugin!r} returned {variant!r} for problem {problem.name!r}, "
                                   f"but it names problem {getattr(variant, 'problem', None)!r}")
+            if _own_variant_named(reg, problem.name, variant.name):
+                continue  # the problem's own (a plugin's "eager" from before eager was generic) is kept
             _add_variant(reg, plugin, variant)
             reg.generic.add((problem.name, variant.name))
     return reg
@@ -112,6 +114,11 @@ def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
         )
     table[variant.name] = variant
     reg.owners[(variant.problem, variant.name)] = plugin
+
+
+def _own_variant_named(reg: _Registry, problem: str, name: str) -> bool:
+    """Whether ``problem`` has a variant ``name`` that no generic hook registered."""
+    return name in reg.variants.get(problem, {}) and (problem, name) not in reg.generic
 
 
 def _get() -> _Registry:

@@ -72,6 +72,12 @@ def test_builtins_register_through_the_entry_point_group(fresh_registry):
     owners = {p: registry.owner(p) for p in PROBLEMS}
     assert owners == {p: f"problems.{p}" for p in PROBLEMS}, owners
     assert registry.owner("gemm_bn", "simplified") == "gemm_bn.simplified"
+    # The hand-written CUDA variants (every kernel autofuse's own, no cuBLAS) live in cuda_fused.py
+    # in every problem's folder; the variant names the table stores are unchanged.
+    for problem in PROBLEMS:
+        cuda = {v for v in registry.variants(problem) if registry.owner(problem, v) == f"{problem}.cuda_fused"}
+        assert cuda == ({"cuda_naive", "cuda_tiled", "single_pass"} if problem == "gemm_avgpool_gelu_residual"
+                        else {"cuda_naive", "cuda_tiled", "cuda_templated"}), (problem, cuda)
 
 
 def test_a_third_party_distribution_adds_a_variant_that_is_listed_tuned_and_dispatched(third_party, tmp_path):

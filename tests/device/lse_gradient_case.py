@@ -14,7 +14,7 @@ import json
 
 import torch
 from autofuse.variants.matmul_clamp_lse_mish import gradients
-from autofuse.variants.matmul_clamp_lse_mish.cuda_gemm import clamp_lse_scalars
+from autofuse.variants.matmul_clamp_lse_mish.cuda_fused import clamp_lse_scalars
 from autofuse.variants.matmul_clamp_lse_mish.gradients import output_grad
 
 from autofuse.core import registry

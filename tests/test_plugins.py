@@ -1,6 +1,7 @@
 """Plugins: entry points (the built-ins and a tiny third-party distribution), errors, blocking."""
 
 import importlib
+import importlib.metadata
 import inspect
 import os
 import pathlib
@@ -217,6 +218,55 @@ def test_a_problems_own_variant_is_kept_over_a_generic_one_of_the_same_name(monk
     assert registry.get_variant("gemm_bn_copy", "eager").__name__ == "OwnEager"
     assert registry.owner("gemm_bn_copy", "eager") == "own_eager_plugin" and not registry.is_generic("gemm_bn_copy", "eager")
     assert registry.is_generic("gemm_bn", "eager")
+
+
+def test_a_problems_package_is_one_entry_point_and_one_line_of_pyproject(fresh_registry):
+    # Issue 31: adding a problem touches its own files and one line of pyproject.toml, where 24
+    # hand-listed entry points and a package and a package-data line per problem were.
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    for problem in PROBLEMS:
+        lines = [line for line in pyproject.splitlines() if problem in line and not line.startswith("#")]
+        assert lines == [f'{problem} = "autofuse.variants.{problem}"'], (problem, lines)
+    ours = {ep.name for ep in importlib.metadata.entry_points(group="autofuse") if ep.value.startswith("autofuse.")}
+    assert ours == {"problems", "eager", "compiled", *PROBLEMS}, ours
+
+
+PACKAGE_INIT = '''
+PLUGIN_MODULES = ("first", "second")
+'''
+PACKAGE_MODULE = '''
+import autofuse
+from autofuse.core.variant import EagerVariant
+
+class {cls}(EagerVariant):
+    name = "{name}"
+    problem = "gemm_bn"
+    description = "from a plugin package"
+
+@autofuse.hookimpl
+def autofuse_register_variants():
+    return [{cls}]
+'''
+
+
+def test_a_plugin_package_registers_each_listed_module_under_a_name_of_its_own(monkeypatch, tmp_path, fresh_registry):
+    package = tmp_path / "pkg_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text(PACKAGE_INIT)
+    for stem in ("first", "second"):
+        (package / f"{stem}.py").write_text(PACKAGE_MODULE.format(cls=stem.title(), name=f"{stem}_variant"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", "pkg_plugin")
+    plugins.reset_plugin_manager()
+    assert registry.owner("gemm_bn", "first_variant") == "pkg_plugin.first"
+    assert registry.owner("gemm_bn", "second_variant") == "pkg_plugin.second"
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "pkg_plugin.second, gemm_bn.triton_gemm")
+    plugins.reset_plugin_manager()
+    assert {"first_variant", "simplified", "eager"} <= set(registry.variants("gemm_bn"))
+    assert not {"second_variant", "triton"} & set(registry.variants("gemm_bn"))
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "gemm_bn")  # a problem's whole package: its generic variants stay
+    plugins.reset_plugin_manager()
+    assert {v for v in registry.variants("gemm_bn") if not registry.is_generic("gemm_bn", v)} == {"first_variant", "second_variant"}
 
 
 def test_tracing_prints_hook_calls(monkeypatch, capsys, fresh_registry):

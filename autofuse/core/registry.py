@@ -1,6 +1,8 @@
 """The registry: hook results folded into dicts keyed by name.
 
-A duplicate name fails naming both plugins; an unknown name lists the known ones.
+A duplicate name fails naming both plugins, except that a problem's own variant is kept over a
+generic one of the same name (``autofuse_register_generic_variants``); an unknown name lists the
+known ones.
 Built once per plugin manager (``plugins.reset_plugin_manager`` moves ``plugins.generation()``)
 and again whenever a KernelBench file becomes a problem (``autofuse.kernelbench.problem``): a problem
 name that is a path loads that file.

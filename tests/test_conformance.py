@@ -2,6 +2,7 @@
 
 import pytest
 from conftest import DEVICES
+from helpers import PROBLEMS
 
 from autofuse.core import registry
 from autofuse.testing import assert_variant_conforms, parametrize_variants
@@ -12,6 +13,15 @@ from autofuse.testing import assert_variant_conforms, parametrize_variants
 @pytest.mark.parametrize("device", DEVICES)
 def test_variant_conforms(problem, variant, precision, device):
     assert_variant_conforms(problem, variant, device=device, precision=precision)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_generic_eager_conforms(problem, precision, device):
+    # parametrize_variants leaves generic variants out (compiled compiles for minutes); eager, once
+    # each problem's own variant, stays in the kit.
+    assert_variant_conforms(problem, "eager", device=device, precision=precision)
 
 
 @pytest.mark.gpu

@@ -17,7 +17,8 @@ import torch
 from helpers import PROBLEMS, SMALL, assert_close, kernelbench_model, module_for, record, twin
 
 from autofuse.core import registry
-from autofuse.serve.grad_mode import SWITCH_AFTER
+from autofuse.serve.dispatch import CallKey
+from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
 
 B, IN, OUT = SMALL
 
@@ -169,6 +170,16 @@ def test_a_grad_mode_key_without_an_autograd_entry_gets_the_no_grad_one_after_th
     info = module.dispatch_info(x)
     assert (info["source"], info["without_backward"]["variant"]) == ("no entry: reference", "simplified")
     assert counted["matmul_clamp_lse_mish"]["simplified"] == 2
+
+
+def test_the_no_grad_key_is_the_call_key_with_autograd_off():
+    _, module = tuned_pair("gemm_bn")
+    x = torch.randn(B, IN)
+    module(x)
+    key = module._autofuse.call_key(module, x)
+    call = module._autofuse.ready[key]
+    assert isinstance(call, GradModeCall) and key.autograd
+    assert type(call.no_grad_key) is CallKey and call.no_grad_key == key._replace(autograd=False)
 
 
 def test_a_deleted_module_frees_its_dispatcher_without_a_garbage_collection():

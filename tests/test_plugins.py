@@ -1,6 +1,7 @@
 """Plugins: entry points (the built-ins and a tiny third-party distribution), errors, blocking."""
 
 import importlib
+import importlib.metadata
 import inspect
 import os
 import pathlib
@@ -13,6 +14,7 @@ from helpers import PROBLEMS
 import autofuse
 from autofuse import hookspecs
 from autofuse.core import plugins, registry
+from autofuse.core.variant import EagerVariant
 
 EXTERNAL = '''
 import torch.nn.functional as F
@@ -71,6 +73,12 @@ def test_builtins_register_through_the_entry_point_group(fresh_registry):
     owners = {p: registry.owner(p) for p in PROBLEMS}
     assert owners == {p: f"problems.{p}" for p in PROBLEMS}, owners
     assert registry.owner("gemm_bn", "simplified") == "gemm_bn.simplified"
+    # The hand-written CUDA variants (every kernel autofuse's own, no cuBLAS) live in cuda_fused.py
+    # in every problem's folder; the variant names the table stores are unchanged.
+    for problem in PROBLEMS:
+        cuda = {v for v in registry.variants(problem) if registry.owner(problem, v) == f"{problem}.cuda_fused"}
+        assert cuda == ({"cuda_naive", "cuda_tiled", "single_pass"} if problem == "gemm_avgpool_gelu_residual"
+                        else {"cuda_naive", "cuda_tiled", "cuda_templated"}), (problem, cuda)
 
 
 def test_a_third_party_distribution_adds_a_variant_that_is_listed_tuned_and_dispatched(third_party, tmp_path):
@@ -163,6 +171,102 @@ def test_an_environment_variable_blocks_named_plugins(monkeypatch, fresh_registr
     assert "simplified" not in registry.variants("gemm_bn")
     assert "eager" in registry.variants("gemm_bn")
     assert "matmul_clamp_lse_mish" not in registry.problems()
+
+
+def test_eager_is_one_generic_variant_for_every_problem_a_file_problem_too(monkeypatch, fresh_registry):
+    # Issue 31: the four variants/*/eager.py differed only in a class name; like `compiled`, one
+    # generic `eager` now joins every problem, with a class per problem and the reference in its hash.
+    from autofuse.kernelbench import problem as kernelbench
+
+    monkeypatch.setenv(kernelbench.ENV, "")
+    file_problem = str(pathlib.Path(__file__).parent / "kernelbench" / "gemm_sigmoid_sum.py")
+    try:
+        classes = {p: registry.get_variant(p, "eager") for p in [*PROBLEMS, file_problem]}
+        for problem, cls in classes.items():
+            assert registry.is_generic(problem, "eager") and registry.owner(problem, "eager") == "eager", problem
+            assert issubclass(cls, EagerVariant) and cls.problem == registry.get_problem(problem).name
+        assert len({cls.source_hash() for cls in classes.values()}) == len(classes)  # each its reference's
+        assert classes["gemm_bn"] is registry.get_variant("gemm_bn", "eager")  # the same class while the problem is
+    finally:
+        kernelbench.forget()
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "eager")
+    plugins.reset_plugin_manager()
+    assert all("eager" not in registry.variants(p) for p in PROBLEMS)
+
+
+def test_a_problems_own_variant_is_kept_over_a_generic_one_of_the_same_name(monkeypatch, tmp_path, fresh_registry):
+    # Plugins written before eager was generic (the example's matmul_sigmoid_sum) register their own.
+    _register(monkeypatch, '''
+        import dataclasses
+        import autofuse
+        from autofuse.core.variant import EagerVariant
+        from autofuse.problems.gemm_bn import PROBLEM
+
+        class OwnEager(EagerVariant):
+            name = "eager"
+            problem = "gemm_bn_copy"
+            description = "the problem's own eager"
+
+        @autofuse.hookimpl
+        def autofuse_register_problems():
+            return [dataclasses.replace(PROBLEM, name="gemm_bn_copy", aliases=())]
+
+        @autofuse.hookimpl
+        def autofuse_register_variants():
+            return [OwnEager]
+    ''', "own_eager_plugin", tmp_path)
+    assert registry.get_variant("gemm_bn_copy", "eager").__name__ == "OwnEager"
+    assert registry.owner("gemm_bn_copy", "eager") == "own_eager_plugin" and not registry.is_generic("gemm_bn_copy", "eager")
+    assert registry.is_generic("gemm_bn", "eager")
+
+
+def test_a_problems_package_is_one_entry_point_and_one_line_of_pyproject(fresh_registry):
+    # Issue 31: adding a problem touches its own files and one line of pyproject.toml, where 24
+    # hand-listed entry points and a package and a package-data line per problem were.
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    for problem in PROBLEMS:
+        lines = [line for line in pyproject.splitlines() if problem in line and not line.startswith("#")]
+        assert lines == [f'{problem} = "autofuse.variants.{problem}"'], (problem, lines)
+    ours = {ep.name for ep in importlib.metadata.entry_points(group="autofuse") if ep.value.startswith("autofuse.")}
+    assert ours == {"problems", "eager", "compiled", *PROBLEMS}, ours
+
+
+PACKAGE_INIT = '''
+PLUGIN_MODULES = ("first", "second")
+'''
+PACKAGE_MODULE = '''
+import autofuse
+from autofuse.core.variant import EagerVariant
+
+class {cls}(EagerVariant):
+    name = "{name}"
+    problem = "gemm_bn"
+    description = "from a plugin package"
+
+@autofuse.hookimpl
+def autofuse_register_variants():
+    return [{cls}]
+'''
+
+
+def test_a_plugin_package_registers_each_listed_module_under_a_name_of_its_own(monkeypatch, tmp_path, fresh_registry):
+    package = tmp_path / "pkg_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text(PACKAGE_INIT)
+    for stem in ("first", "second"):
+        (package / f"{stem}.py").write_text(PACKAGE_MODULE.format(cls=stem.title(), name=f"{stem}_variant"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("AUTOFUSE_PLUGINS", "pkg_plugin")
+    plugins.reset_plugin_manager()
+    assert registry.owner("gemm_bn", "first_variant") == "pkg_plugin.first"
+    assert registry.owner("gemm_bn", "second_variant") == "pkg_plugin.second"
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "pkg_plugin.second, gemm_bn.triton_gemm")
+    plugins.reset_plugin_manager()
+    assert {"first_variant", "simplified", "eager"} <= set(registry.variants("gemm_bn"))
+    assert not {"second_variant", "triton"} & set(registry.variants("gemm_bn"))
+    monkeypatch.setenv("AUTOFUSE_BLOCK_PLUGINS", "gemm_bn")  # a problem's whole package: its generic variants stay
+    plugins.reset_plugin_manager()
+    assert {v for v in registry.variants("gemm_bn") if not registry.is_generic("gemm_bn", v)} == {"first_variant", "second_variant"}
 
 
 def test_tracing_prints_hook_calls(monkeypatch, capsys, fresh_registry):

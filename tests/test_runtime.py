@@ -9,6 +9,7 @@ from helpers import PROBLEMS, SMALL, assert_close, init_args, kernelbench_model,
 
 import autofuse
 from autofuse.core import registry
+from autofuse.serve.dispatch import CallKey
 from autofuse.serve.table import DispatchTable
 
 B, IN, OUT = SMALL
@@ -327,6 +328,23 @@ def test_the_call_key_does_not_walk_the_parameters(monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "named_parameters", walked)
     for _ in range(3):
         assert_close(module(x), want, atol=0, rtol=0)
+
+
+def test_every_call_key_is_a_call_key_with_named_parts():
+    # One key type wherever a call key travels (issue 31): the hot path's, dispatch_info's and
+    # the grad-mode call's no-grad key. A plain tuple compares equal, so the type is checked.
+    module, x = module_for("gemm_bn"), torch.randn(B, IN)
+    module(x)
+    with torch.no_grad():
+        module(x)
+    key = module._autofuse.call_key(module, x)
+    assert type(key) is CallKey and key == CallKey(x.shape, torch.float32, x.device, autograd=True, training=True)
+    assert set(module._autofuse.ready) == set(module._autofuse.info) == {key, key._replace(autograd=False)}
+    assert all(type(k) is CallKey for k in [*module._autofuse.ready, *module._autofuse.info])
+    module.eval()
+    with torch.no_grad():
+        assert module._autofuse.call_key(module, x) == key._replace(autograd=False, training=False)
+    assert module._autofuse.call_key(module, [1.0]) is None  # not a tensor: never matches
 
 
 def test_what_changes_the_grad_need_between_calls_is_seen():

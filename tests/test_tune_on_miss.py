@@ -13,6 +13,7 @@ from helpers import SMALL, init_args
 
 import autofuse
 from autofuse.serve import tune_on_miss as background
+from autofuse.serve.dispatch import CallKey
 from autofuse.serve.tune_on_miss import TuneOnMiss
 
 B, IN, OUT = SMALL
@@ -80,6 +81,7 @@ def test_one_tune_per_key_and_at_most_concurrent_at_once(fake_tunes, tmp_path):
         first(x)  # the no-grad key of the same tune key: no second tune
     tunes = [t for m in (first, second) for t in m._autofuse.tunes.values()]
     assert len(tunes) == 3 and len({id(t) for t in tunes}) == 1  # grad and no-grad keys, two modules: one tune
+    assert all(type(key) is CallKey for m in (first, second) for key in m._autofuse.tunes)
     wait_for(lambda: fake_tunes.exists() and fake_tunes.read_text().count("end") == 2, 30, "both fake tunes")
     events = fake_tunes.read_text().split()
     assert events == ["start", f"{PROBLEM}/fp32", "end", f"{PROBLEM}/fp32", "start", f"{PROBLEM}/tf32", "end", f"{PROBLEM}/tf32"]

@@ -1,7 +1,14 @@
 """The plugin manager, built lazily on first use (never at import time).
 
+A plugin is a module registered through the ``autofuse`` entry-point group (or
+AUTOFUSE_PLUGINS). A plugin may be a package that lists its plugin modules in
+``PLUGIN_MODULES``: each registers as the plugin ``<its name>.<module>`` (``gemm_bn.simplified``),
+so each can be blocked by name, and the package is one entry point (one line of pyproject.toml
+per built-in problem: ``gemm_bn = "autofuse.variants.gemm_bn"``). A blocked module is not imported.
+
 Environment:
-  AUTOFUSE_BLOCK_PLUGINS  comma-separated entry-point names to skip (e.g. ``gemm_bn.simplified``)
+  AUTOFUSE_BLOCK_PLUGINS  comma-separated plugin names to skip: an entry point (``gemm_bn``, all of a
+                          package) or a module of one (``gemm_bn.simplified``)
   AUTOFUSE_PLUGINS        comma-separated importable modules to register as plugins without an
                           entry point (handy for local experiments; worker subprocesses inherit it)
   AUTOFUSE_TRACE_PLUGINS  set to 1 to print every hook call to stderr
@@ -41,6 +48,9 @@ def _build() -> pluggy.PluginManager:
     for name in blocked_plugins():
         pm.set_blocked(name)
     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for name, plugin in pm.list_name_plugin():  # the entry points' (a blocked name maps to None)
+        if plugin is not None:
+            _register_modules_of(pm, name, plugin)
     for module_name in _env_list("AUTOFUSE_PLUGINS"):
         if pm.is_blocked(module_name):
             continue
@@ -52,12 +62,27 @@ def _build() -> pluggy.PluginManager:
             ) from exc
         if not pm.is_registered(module):
             pm.register(module, name=module_name)
+            _register_modules_of(pm, module_name, module)
     # A misspelled hook name in a plugin fails here rather than being silently ignored.
     pm.check_pending()
     if os.environ.get("AUTOFUSE_TRACE_PLUGINS"):
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     return pm
+
+
+def _register_modules_of(pm: pluggy.PluginManager, name: str, package) -> None:
+    """Register each module ``package`` lists in ``PLUGIN_MODULES`` as the plugin ``name.module``."""
+    for stem in getattr(package, "PLUGIN_MODULES", ()):
+        plugin_name = f"{name}.{stem}"
+        if pm.is_blocked(plugin_name) or pm.has_plugin(plugin_name):
+            continue
+        try:
+            module = importlib.import_module(f"{package.__name__}.{stem}")
+        except ImportError as exc:
+            raise PluginError(f"plugin {name!r} lists {stem!r} in PLUGIN_MODULES, but "
+                              f"{package.__name__}.{stem} cannot be imported: {exc}") from exc
+        pm.register(module, name=plugin_name)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:

@@ -1,6 +1,8 @@
 """The registry: hook results folded into dicts keyed by name.
 
-A duplicate name fails naming both plugins; an unknown name lists the known ones.
+A duplicate name fails naming both plugins, except that a problem's own variant is kept over a
+generic one of the same name (``autofuse_register_generic_variants``); an unknown name lists the
+known ones.
 Built once per plugin manager (``plugins.reset_plugin_manager`` moves ``plugins.generation()``)
 and again whenever a KernelBench file becomes a problem (``autofuse.kernelbench.problem``): a problem
 name that is a path loads that file.
@@ -55,10 +57,10 @@ def _build() -> _Registry:
     reg = _Registry(problems={}, aliases={}, variants={}, owners={}, plugins=plugins.generation())
     for plugin, problem in _hook_results("autofuse_register_problems"):
         _add_problem(reg, plugin, problem)
-    # Before the plugins' variants, which may name a file problem (kb_<stem>).
+    # Before the plugins' variants, which may name a file problem (kb_<stem>). Its eager
+    # variant is the generic one (variants/eager.py), as for every problem.
     for problem in kernelbench.registered():
         _add_problem(reg, f"kernelbench:{problem.file.origin}", problem)
-        _add_variant(reg, f"kernelbench:{problem.file.origin}", problem.eager_variant)
     reg.kernelbench = kernelbench.generation()
     for plugin, variant in _hook_results("autofuse_register_variants"):
         _add_variant(reg, plugin, variant)
@@ -67,6 +69,8 @@ def _build() -> _Registry:
             if getattr(variant, "problem", None) != problem.name:
                 raise PluginError(f"plugin {plugin!r} returned {variant!r} for problem {problem.name!r}, "
                                   f"but it names problem {getattr(variant, 'problem', None)!r}")
+            if _own_variant_named(reg, problem.name, variant.name):
+                continue  # the problem's own (a plugin's "eager" from before eager was generic) is kept
             _add_variant(reg, plugin, variant)
             reg.generic.add((problem.name, variant.name))
     return reg
@@ -112,6 +116,11 @@ def _add_variant(reg: _Registry, plugin: str, variant: type[Variant]) -> None:
         )
     table[variant.name] = variant
     reg.owners[(variant.problem, variant.name)] = plugin
+
+
+def _own_variant_named(reg: _Registry, problem: str, name: str) -> bool:
+    """Whether ``problem`` has a variant ``name`` that no generic hook registered."""
+    return name in reg.variants.get(problem, {}) and (problem, name) not in reg.generic
 
 
 def _get() -> _Registry:

@@ -16,7 +16,6 @@ source text: an exported ModelNew file carries its reference that way.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import inspect
 import itertools
@@ -32,7 +31,6 @@ from torch import nn
 
 from autofuse.core.precision import dtype_name
 from autofuse.core.problem import DISTRIBUTIONS, Problem, Tolerance
-from autofuse.core.variant import EagerVariant
 from autofuse.errors import InputError, PluginError, UnknownNameError
 from autofuse.kernelbench.file import KernelBenchFile
 
@@ -141,16 +139,6 @@ class KernelBenchProblem(Problem):
         except Exception:  # noqa: BLE001 - an op without a meta kernel: assume the input's size
             n_out = n_in
         return 4 * (n_in + n_out)
-
-    @functools.cached_property
-    def eager_variant(self) -> type[EagerVariant]:
-        """The file's own forward as this problem's ``eager`` variant (one class per problem)."""
-        digest = hashlib.sha256((EagerVariant.source_hash() + self.file.digest).encode()).hexdigest()[:16]
-        return type(f"Eager_{self.name}", (EagerVariant,), {
-            "name": "eager", "problem": self.name, "__module__": __name__,
-            "description": "the file's own Model.forward, verbatim (autocast under bf16)",
-            "source_hash": classmethod(lambda cls: digest),
-        })
 
 
 def build_problem(source: str, name: str, origin: str) -> KernelBenchProblem:

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
-from autofuse.core.precision import serving_order
+import torch
+
+from autofuse.core.precision import dtype_name, serving_order
 from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 
 # How much faster the reference (eager) ran at the looser precision than at the stricter one,
@@ -33,6 +36,38 @@ from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 # Rounded up: the guard errs towards the reference. Without tensor cores (the CPU) nothing gains.
 REFERENCE_GAIN = {("fp32", "tf32"): 7.5, ("fp32", "bf16"): 7.5, ("tf32", "bf16"): 1.05}
 _INPUT_DTYPES = {"ieee": ("float32",), "fp32": ("float32",), "tf32": ("float32",), "bf16": ("float32", "bfloat16")}
+
+
+class CallKey(NamedTuple):
+    """What a module's dispatcher looks one call up by, in its dict of ready callables.
+
+    Made per call from the input and the model only (``runtime.call_key_parts``, the one
+    place), so it holds the tensor attributes as they are, not the table's strings. Each part
+    maps onto the table's keys when the dispatcher resolves it, once:
+
+    - ``shape`` (``x.shape``) → the table's shape string: ``shape_key(problem.shape_of(model, x))``,
+      which adds the sizes the model holds (out_features) and names each dimension;
+    - ``dtype``, ``autograd``, ``training`` → the ``DispatchKey`` (``dispatch_key``): dtype by
+      name, the same autograd flag, and ``problem.mode_of(model)`` for the mode ("any" where the
+      problem computes the same in train and eval); the DispatchKey's precision is the module's
+      own, so it is not part of a call's key;
+    - ``device`` → the device's entry: ``fingerprint_key(current_fingerprint(device))``.
+
+    A NamedTuple, not a dataclass: it hashes and compares as the tuple of its parts, so the
+    hot path looks a call up with that plain tuple and builds no CallKey per call
+    (``runtime.call_key_parts``); every key that is kept or passed on is a CallKey.
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    autograd: bool  # grad mode on and x or a parameter requires grad
+    training: bool  # the model's train/eval flag
+
+    def dispatch_key(self, precision: str, mode: str) -> DispatchKey:
+        """The table's dispatch key of this call at ``precision``, ``mode`` being the problem's
+        ``mode_of(model)`` (the problem decides whether ``training`` matters)."""
+        return DispatchKey(dtype_name(self.dtype), precision, mode, autograd=self.autograd)
 
 
 @dataclasses.dataclass(frozen=True)

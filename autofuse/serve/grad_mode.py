@@ -38,10 +38,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
 from autofuse.core.variant import EagerVariant
+
+if TYPE_CHECKING:
+    from autofuse.serve.dispatch import CallKey
 
 SWITCH_AFTER = 3  # grad-mode calls in a row without a backward before the no-grad entry serves
 
@@ -50,11 +54,11 @@ class GradModeCall:
     """The callable bound to one grad-mode call key (``runtime.Dispatcher``): ``saving`` (the
     autograd entry's variant) while backwards come, the no-grad key's once they stop."""
 
-    def __init__(self, dispatcher, saving, key: tuple):
+    def __init__(self, dispatcher, saving, key: CallKey):
         # Weakly: the dispatcher holds this call in its ready dict, and a cycle would keep a
         # deleted module's variants (and their cached weight copies on the GPU) until a collection.
         self._dispatcher, self.saving = weakref.ref(dispatcher), saving
-        self.no_grad_key = (*key[:3], False, *key[4:])
+        self.no_grad_key = key._replace(autograd=False)
         self.since_backward = 0  # calls since the last backward through an output of this key
         self.reference = None  # what serves under a functorch transform, made at the first such call
 

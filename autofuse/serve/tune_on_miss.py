@@ -33,10 +33,14 @@ import sys
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import filelock
 
 from autofuse.errors import InputError
+
+if TYPE_CHECKING:
+    from autofuse.serve.dispatch import CallKey
 
 log = logging.getLogger("autofuse")
 
@@ -159,7 +163,7 @@ class Waiting:
     """A dispatcher's call key served by a fallback until its background tune's result is in."""
 
     dispatcher: weakref.ref
-    key: tuple
+    key: CallKey
     tune: Tune
     epoch: int
     shape: dict

@@ -1,4 +1,4 @@
-"""Triton kernels of ``gemm_avgpool_gelu_residual``'s backward (the forwards are CUDA: cuda_kernels.py).
+"""Triton kernels of ``gemm_avgpool_gelu_residual``'s backward (the forwards are CUDA: cuda_fused.py).
 
 The backward is memory-bound: read x and g once, write dW (out × in, every row alike), and dx
 if x needs it (gradients.py has the algebra). Two passes:

@@ -4,7 +4,7 @@ Training (batch statistics). z = x·Wᵀ without the bias is one cuBLAS call thr
 bias cancels in z − μ; under tf32 or bf16 the GEMM uses what that precision admits, see
 ``autofuse.core.precision.linear``). The epilogue computes per column μ_z and
 coef = s·γ/√(s²·σ²_z + eps), updates the running statistics exactly as nn.BatchNorm1d does
-(see ``cuda_gemm``'s docstring) and rewrites z ← (z − μ_z)·coef + β in place, on one of two paths
+(see ``cuda_fused``'s docstring) and rewrites z ← (z − μ_z)·coef + β in place, on one of two paths
 (the configuration's ``strip_cols``):
 
 * strip-resident (``strip_cols`` C > 0, batches whose batch×C strip fits in shared memory): one
@@ -20,7 +20,7 @@ Needs batch >= 2. With a gradient needed the normalised output goes to a fresh b
 which the backward needs, stays (gradients.py).
 
 Eval (running statistics). The whole block is one linear layer: W' = W·k[:, None], b' = shift
-with k, shift as in ``cuda_gemm``; folded once (cached until a parameter or running statistic
+with k, shift as in ``cuda_fused``; folded once (cached until a parameter or running statistic
 changes) and run as one addmm, no extra kernel. With a gradient needed: the GEMM, then
 out = z·k + shift with k and shift computed from the parameters each call (O(out)), so autograd
 reaches them; z is kept for dk.
@@ -33,8 +33,8 @@ import hashlib
 import pathlib
 
 import torch
-from autofuse.variants.gemm_bn import cuda_gemm, gradients
-from autofuse.variants.gemm_bn.cuda_gemm import (
+from autofuse.variants.gemm_bn import cuda_fused, gradients
+from autofuse.variants.gemm_bn.cuda_fused import (
     TrainOperands,
     eval_coefficients,
     eval_dependencies,
@@ -103,9 +103,9 @@ class CublasEpilogueGemmBn(CudaVariant):
 
     @classmethod
     def source_hash(cls) -> str:
-        # The running-statistics and folding rules live in cuda_gemm.py: a change there changes this variant.
+        # The running-statistics and folding rules live in cuda_fused.py: a change there changes this variant.
         digest = hashlib.sha256(super().source_hash().encode())
-        digest.update(pathlib.Path(cuda_gemm.__file__).read_bytes())
+        digest.update(pathlib.Path(cuda_fused.__file__).read_bytes())
         return digest.hexdigest()[:16]
 
     def forward(self, model, x):

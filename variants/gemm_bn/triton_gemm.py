@@ -1,12 +1,12 @@
 """``gemm_bn``, Triton: a tensor-core GEMM with BatchNorm's eval affine or training statistics inside.
 
 Eval (running statistics): out = z·k + shift per column, k = s·γ/√(running_var + eps) and
-shift = (b·s − running_mean)·γ/√(running_var + eps) + β (``cuda_gemm.eval_coefficients``,
+shift = (b·s − running_mean)·γ/√(running_var + eps) + β (``cuda_fused.eval_coefficients``,
 cached until a parameter or running statistic changes), applied to the accumulator in registers
 (``gemm_affine``): the GEMM and nothing else.
 
 Training (batch statistics): with z = x·Wᵀ the bias cancels and out = (z − μ)·coef + β, coef =
-s·γ/√(s²σ² + eps) (see cuda_gemm.py). The GEMM's epilogue (``gemm_column_partials``) computes per
+s·γ/√(s²σ² + eps) (see cuda_fused.py). The GEMM's epilogue (``gemm_column_partials``) computes per
 column and row tile the tile's (mean, M2), a two-pass over the accumulator, and stores z less the
 tile's mean; ``bn_finish`` merges a column's tiles with Chan's update (stable at any mean),
 updates the running statistics exactly as nn.BatchNorm1d does (num_batches_tracked here on the
@@ -35,7 +35,7 @@ from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
-from .cuda_gemm import TrainOperands, eval_coefficients, eval_dependencies, momentum_factor, uses_batch_statistics
+from .cuda_fused import TrainOperands, eval_coefficients, eval_dependencies, momentum_factor, uses_batch_statistics
 
 FINISH_COLUMNS = 128  # columns per program of the statistics merge
 NORMALIZE_BLOCK = (32, 128)  # rows × columns per program of the normalising pass (512-byte rows)

@@ -20,7 +20,7 @@ from autofuse.kernels.autograd import fused_call
 from autofuse.kernels.cuda_variant import CudaVariant, gemm_operands
 
 from . import gradients
-from .cuda_gemm import clamp_lse_scalars
+from .cuda_fused import clamp_lse_scalars
 
 
 class CublasEpilogueClampLseMish(CudaVariant):

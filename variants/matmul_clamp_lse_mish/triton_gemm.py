@@ -20,7 +20,7 @@ from autofuse.kernels.autograd import fused_call
 from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
-from .cuda_gemm import clamp_lse_scalars
+from .cuda_fused import clamp_lse_scalars
 
 FINISH_ROWS = 16  # rows per program of the merge: (16 × tiles) pairs, a few KB
 

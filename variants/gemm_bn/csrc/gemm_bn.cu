@@ -44,7 +44,7 @@ struct BnTrainEpilogue {
         // Two buffers, one per pass: a column's pass-1 reads of red[0] finish before any
         // thread passes the pass-2 barrier, and its pass-2 reads of red[1] before the next
         // column's pass-1 barrier, so two barriers per column suffice. At most
-        // 2·(THREADS/32)·TX floats (8 KB at 1024 threads); cuda_gemm.py keeps configurations
+        // 2·(THREADS/32)·TX floats (8 KB at 1024 threads); cuda_fused.py keeps configurations
         // whose GEMM buffers leave room for it under 48 KB.
         __shared__ float red[2][WARPS][TX];
         const int block_rows = min(M - (int)blockIdx.y * (TY * TM), TY * TM);  // >= 1: the block exists

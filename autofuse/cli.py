@@ -42,7 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     tune.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     tune.add_argument("--mode", choices=["train", "eval"], help="for problems whose train/eval differ (gemm_bn); default train")
-    tune.add_argument("--trials", type=int, help="trials per shape (default: every configuration, at most 40)")
+    tune.add_argument("--trials", type=int, help="trials per shape (default: the budget's, 24 quick or 40 full, "
+                      "at most every configuration)")
+    tune.add_argument("--budget", choices=["quick", "full"], default="quick",
+                      help="quick (default): gate only candidates within reach of the best, stop a stalled search; "
+                      "full: gate every candidate, search every trial")
     tune.add_argument("--timeout", type=float, help="seconds of search per shape")
     tune.add_argument("--trial-timeout", type=float, default=600.0, help="seconds one candidate may take (default 600)")
     tune.add_argument("--variants", type=lambda s: s.split(","), help="only these variants, comma-separated")
@@ -134,7 +138,7 @@ def _tune(args) -> None:
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
                    trial_timeout=args.trial_timeout, variants=args.variants,
                    autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, budget=args.budget)
     for result in results:
         _print_result(result)
 
@@ -147,10 +151,10 @@ def _print_result(result) -> None:
     # A column for variants that compile at their first call (torch.compile), where any did.
     compiles = any(r.result is not None and r.result.compile_s is not None for r in result.rows)
     rows = []
-    for row in sorted(result.rows, key=lambda r: (r.timing.median_ms if r.ok else float("inf"))):
-        timing, compile_s = row.timing, row.result.compile_s if row.result else None
+    for row in sorted(result.rows, key=lambda r: (_timed(r).median_ms if _timed(r) else float("inf"))):
+        timing, compile_s = _timed(row), row.result.compile_s if row.result else None
         rows.append([
-            row.variant, _params(row.params) if row.ok else "",
+            row.variant, _params(row.params) if timing else "",
             f"{timing.median_ms:.4g}" if timing else "", f"{timing.p20_ms:.4g}-{timing.p80_ms:.4g}" if timing else "",
             f"{eager / timing.median_ms:.2f}x" if timing and eager else "",
             f"{row.result.error:.2e}" if row.result and row.result.error is not None else "",
@@ -168,6 +172,15 @@ def _print_result(result) -> None:
     if result.winner is None:
         print("no variant passed the correctness gate: nothing was recorded")
     print(f"table: {result.table_path}")
+    first = f"; first entry after {result.first_entry_s:.0f} s" if result.first_entry_s is not None else ""
+    print(f"tuned in {result.seconds:.0f} s{first}; what the candidates printed: {result.log_path}")
+
+
+def _timed(row):
+    """A row's timing: the final or gated one, or the time of one that was out of reach."""
+    if row.timing is not None:
+        return row.timing
+    return row.result.timing if row.result is not None and row.result.outcome.value == "out_of_reach" else None
 
 
 def _params(params: dict) -> str:

@@ -5,9 +5,10 @@ parameters, buffers, ``state_dict`` keys and attributes are exactly the referenc
 KernelBench ``Model``'s state_dict loads into it). Per call, its ``CallKey`` (shape, dtype,
 device, grad need, train/eval: ``autofuse.serve.dispatch``) is looked up in a dict of ready
 callables: no file I/O, no compilation.
-A new key is resolved once from the dispatch table (read once per module): the entry tuned
-at the requested precision, else one tuned at a stricter precision or the nearest batch size
-(``autofuse.serve.dispatch``), else the reference, each said once. With tune-on-miss
+A new key is resolved once from the dispatch table (read once per module, and again when the
+file changes: ``autofuse.serve.table_watch``): the entry tuned at the requested precision, else
+one tuned at a stricter precision or the nearest batch size (``autofuse.serve.dispatch``), else
+the reference, each said once. With tune-on-miss
 (``autofuse.serve.tune_on_miss``) a miss also queues a background tune whose winner is swapped in.
 
 Grad need is ``torch.is_grad_enabled() and (x.requires_grad or a parameter requires grad)``:
@@ -37,6 +38,7 @@ from autofuse.serve import tune_on_miss as background
 from autofuse.serve.dispatch import CallKey, Found, candidates, passed_over_before
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.serve.table_watch import WATCH
 
 log = logging.getLogger("autofuse")
 
@@ -181,10 +183,12 @@ class Dispatcher:
         self._said: set[str] = set()
         self._reset()
         _install_registration_hooks()
+        WATCH.add(self)
 
     def _reset(self) -> None:
         self.ready: dict[CallKey, object] = {}
         self.info: dict[CallKey, dict] = {}
+        self.resolved: dict[CallKey, tuple] = {}  # call key -> (shape, dispatch key, device), for reload
         self.tunes: dict[CallKey, object] = {}  # call key -> its background tune
         self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
         self._params: tuple = ()
@@ -201,6 +205,7 @@ class Dispatcher:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
+        WATCH.add(self)
 
     # -- the call key -----------------------------------------------------------
     def parameters_need_grad(self, model) -> bool:
@@ -237,6 +242,7 @@ class Dispatcher:
         with self._lock:
             self.epoch += 1
             self.ready.clear()
+            self.resolved.clear()
             self._params_seen = self._slots_seen = -1
 
     # -- resolving a key -----------------------------------------------------------
@@ -259,6 +265,7 @@ class Dispatcher:
         call, info = self.choose(self._load(), shape, dkey, x.device)
         call = self._bound(key, call)
         self.info[key], self.ready[key] = info, call
+        self.resolved[key] = (shape, dkey, x.device)
         if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
             self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
             self._say(f"tune on miss: {self.problem.name} {shape_key(shape)} at {self.precision} is tuned in the "
@@ -327,20 +334,40 @@ class Dispatcher:
     def refresh(self, waiting: list) -> None:
         """Re-resolve keys waiting on background tunes against the table as it is now (the
         watcher thread calls this, off the call path) and swap in what changed."""
+        document = self._reread()
+        if document is not None:
+            for item in waiting:
+                self._swap(document, item.key, item.shape, item.dkey, item.device, item.epoch, "tuned in the background")
+
+    def reload(self) -> None:
+        """Re-resolve every key served so far against the table as it is now (``table_watch``
+        calls this when the file changed, off the call path) and swap in what changed."""
+        document = self._reread()
+        if document is not None:
+            epoch = self.epoch
+            for key, (shape, dkey, device) in list(self.resolved.items()):
+                if shape is not None:
+                    self._swap(document, key, shape, dkey, device, epoch, "the table changed")
+
+    def _reread(self) -> dict | None:
         try:
-            document = self.table.load()
+            self._document = self.table.load()
         except TableError:
-            return
-        self._document = document
-        for item in waiting:
-            call, info = self.choose(document, item.shape, item.dkey, item.device)
-            with self._lock:
-                old = self.info.get(item.key)
-                if item.epoch != self.epoch or old is None or _same(old, info):
-                    continue
-                self.info[item.key], self.ready[item.key] = info, self._bound(item.key, call)
-            self._say(f"{self.problem.name} {shape_key(item.shape)} ({item.dkey.to_str()}) now runs "
-                      f"{info['variant']} ({info['source']}), tuned in the background")
+            return None  # what the module serves stays; the next resolve says why the table is unread
+        return self._document
+
+    def _swap(self, document: dict, key, shape: dict, dkey: DispatchKey, device, epoch: int, why: str) -> None:
+        call, info = self.choose(document, shape, dkey, device)
+        with self._lock:
+            old = self.info.get(key)
+            if epoch != self.epoch or old is None:
+                return
+            if _same(old, info):  # the same kernel: keep it, but report the entry as it is now (final, say)
+                self.info[key] = {**old, "entry": info["entry"]}
+                return
+            self.info[key], self.ready[key] = info, self._bound(key, call)
+        self._say(f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()}) now runs "
+                  f"{info['variant']} ({info['source']}): {why}")
 
     def _load(self) -> dict:
         if self._document is None:

@@ -264,6 +264,29 @@ class DispatchTable:
                 f"{LOCK_TIMEOUT_S:g} s; another process holds it (delete the lock file if none runs)"
             ) from None
 
+    def record_provisional(self, fingerprint: dict, problem: str, shape_key: str, dispatch_key, entry: dict) -> bool:
+        """Record a tune's best so far (``entry`` marked ``provisional``) unless the key holds a
+        finished entry that measured faster; return whether it was written. Compared and written
+        under the lock, so a finished entry another tuner writes meanwhile is never overwritten by
+        a slower provisional one."""
+        fkey, fingerprint, problem, skey, dkey, entry = _check_item(fingerprint, problem, shape_key, dispatch_key, entry)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with filelock.FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
+                doc = self.load()
+                device = doc["devices"].setdefault(fkey, {"fingerprint": fingerprint, "problems": {}})
+                entries = device["problems"].setdefault(problem, {}).setdefault(skey, {})
+                if _finished_faster(entries.get(dkey), entry):
+                    return False
+                entries[dkey] = _carry_candidates(entries.get(dkey), entry)
+                self._write_atomic(_render(doc))
+                return True
+        except filelock.Timeout:
+            raise TableError(
+                f"dispatch table {self.path}: could not take the lock {self.lock_path} within "
+                f"{LOCK_TIMEOUT_S:g} s; another process holds it (delete the lock file if none runs)"
+            ) from None
+
     def _write_atomic(self, text: str) -> None:
         """Replace the file with `text` so that readers see the old or the new file, never half."""
         tmp = tempfile.NamedTemporaryFile(
@@ -282,6 +305,18 @@ class DispatchTable:
         except BaseException:
             pathlib.Path(tmp.name).unlink(missing_ok=True)
             raise
+
+
+def _finished_faster(previous, entry: dict) -> bool:
+    """Whether ``previous`` is a finished (not provisional) entry that stands against the provisional
+    ``entry``: it measured faster, or it is the final choice of the same study (made from the same
+    results and more, so a rerun of a finished tune never puts its provisional entry back)."""
+    if not isinstance(previous, dict) or previous.get("provisional"):
+        return False
+    if previous.get("study") is not None and previous.get("study") == entry.get("study"):
+        return True
+    was, now = previous.get("median_ms"), entry.get("median_ms")
+    return isinstance(was, (int, float)) and isinstance(now, (int, float)) and was <= now
 
 
 def _carry_candidates(previous, entry: dict) -> dict:

@@ -26,28 +26,37 @@ def _job_state(state: dict, job: Job) -> dict:
     return state
 
 
-def evaluate(state: dict, job: Job, candidate: Candidate) -> TrialResult:
-    """Build, check against float64, then time one candidate at the job's shape."""
+def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None) -> TrialResult:
+    """Build and time one candidate at the job's shape, then check it against float64.
+
+    Timed first: with ``reach_ms`` (the budget's reach of the best gated time so far), a
+    candidate slower than that is recorded ``out_of_reach`` with its time and not gated, since
+    it cannot be chosen; the gate (four cases, and another compile where a case's sizes
+    specialise the kernel anew) is most of a trial's time.
+    """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
     variant = registry.get_variant(job.problem, candidate.variant)(job.precision, **candidate.params)
     try:
         variant.build(job.device)
-    except BuildError as exc:
-        return TrialResult(Outcome.COMPILE_FAILED, str(exc))
+        timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
+    except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
+    # Read after the first calls (the timing's warm-up, at the timed shape): they are the ones that compiled.
+    compile_s = getattr(variant, "compile_seconds", None)
+    if reach_ms is not None and timing.median_ms > reach_ms:
+        return TrialResult(Outcome.OUT_OF_REACH, f"{timing.median_ms:.4g} ms, beyond the gated best's reach "
+                           f"({reach_ms:.4g} ms): not gated", timing=timing, compile_s=compile_s)
     try:
         check = check_variant(
             variant, problem, check_cases(problem, job.shape, job.seed), job.device,
             dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
             cache=state.setdefault("cases", {}),
         )
-    except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
-        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
-    # Read before timing: the gate's first call ran at the timed shape, so it is the one that compiled.
-    compile_s = getattr(variant, "compile_seconds", None)
+    except BuildError as exc:  # another case's sizes compiled anew, and failed
+        return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=compile_s)
     if not check.ok:
         return TrialResult(Outcome.INCORRECT, check.reason, check.error, compile_s=compile_s)
-    timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
     return TrialResult(Outcome.OK, None, check.error, timing, compile_s=compile_s)
 
 

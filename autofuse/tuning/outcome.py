@@ -22,6 +22,9 @@ class Job:
     mode: str
     seed: int
     budget_ms: float = 400.0
+    # Where the worker sends what the candidates print (Inductor's autotuning, Triton, nvcc): a
+    # log per key, so the terminal keeps the progress bar and the result table (None: inherited).
+    log: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Outcome(str, enum.Enum):
     COMPILE_FAILED = "compile_failed"
     RUNTIME_FAILED = "runtime_failed"
     TIMED_OUT = "timed_out"
+    # Timed, not gated: slower than the budget's reach of the best gated candidate (``budget``).
+    OUT_OF_REACH = "out_of_reach"
 
 
 @dataclasses.dataclass

@@ -4,6 +4,9 @@ Trials are asked in batches (TPE's constant liar keeps a batch diverse); the bat
 compile in parallel on the host while the device measures candidates one at a time in the
 worker subprocess. Other processes tuning the same study are seen through
 ``autofuse.tuning.shared_study``: nothing they measured or are measuring is measured again.
+The ``budget`` (``autofuse.tuning.budget``) says which candidates are gated, which variants are
+drawn no more and when a stalled search stops; ``on_best`` hears of each new best gated candidate
+(the tuner writes it to the table as a provisional entry).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from autofuse.core import registry
 from autofuse.kernels.build import build_many
 from autofuse.tuning import study as studies
+from autofuse.tuning.budget import BUDGETS, STALL_GAIN, Budget
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.shared_study import SharedStudy
@@ -24,28 +28,35 @@ MAX_ASKS_PER_TRIAL = 5
 ASK_BATCH = max(1, min(8, os.cpu_count() or 1))
 
 
-def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label) -> dict:
+def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label,
+           budget: Budget = BUDGETS["full"], on_best=None) -> dict:
     """Measure candidates until ``total`` distinct ones are measured (by any process, earlier
-    sessions' included), the space is exhausted or ``timeout`` passes; return every result.
+    sessions' included), the space is exhausted, ``timeout`` passes or the search stalls
+    (``budget.stall``); return every result.
 
     A repeated suggestion is told its earlier result and does not count: on small categorical
-    spaces TPE repeats itself often, and a trial budget spent on repeats measures nothing.
-    While other processes' trials are in flight and the budget is not met, this one waits
-    for them, so every process makes its final choice from the same results.
+    spaces TPE repeats itself often, and a trial budget spent on repeats measures nothing; nor
+    does a suggestion of a pruned variant (``budget.prune``). While other processes' trials are
+    in flight and the budget is not met, this one waits for them, so every process makes its
+    final choice from the same results.
     """
     total = min(total, sum(len(c) for c in spaces.values()))
     asks_left = MAX_ASKS_PER_TRIAL * total
     deadline = None if timeout is None else time.monotonic() + timeout
+    progress_of = _Progress(budget, on_best)
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
             bar.show(view.results)
+            progress_of.see(view.results)
             room = total - len(view.results) - len(view.claims)
             expired = deadline is not None and time.monotonic() >= deadline
+            if progress_of.stalled():
+                return view.results
             if room > 0 and asks_left > 0 and not expired:
                 size = min(ASK_BATCH, room)
                 asks_left -= size
-                _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar)
+                _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar, progress_of)
             elif view.claims and len(view.results) < total and not expired:
                 shared.wait()  # their results may end the search, or their failure free room
             else:
@@ -53,7 +64,61 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             view = shared.view()
 
 
-def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar) -> None:
+class _Progress:
+    """What the results so far say: the best gated time, the variants out of the race, a stall."""
+
+    def __init__(self, budget: Budget, on_best):
+        self.budget, self.on_best = budget, on_best
+        self.best: tuple | None = None  # ((variant, label), result) of the best gated candidate
+        self.seen = 0
+        self.since_gain = 0  # measured trials since the best last gained STALL_GAIN
+
+    def see(self, results: dict) -> None:
+        """Follow ``results`` in the order they were measured (the study's trial order), so a
+        resumed search picks up where the stall count and the best stood."""
+        if len(results) == self.seen:
+            return
+        self.seen = len(results)
+        best, since_gain, gain_at = None, 0, None
+        for key, result in results.items():
+            since_gain += 1
+            if result.outcome is not Outcome.OK:
+                continue
+            if best is None or result.timing.median_ms < best[1].timing.median_ms:
+                best = (key, result)
+            if gain_at is None or best[1].timing.median_ms < gain_at * (1 - STALL_GAIN):
+                gain_at, since_gain = best[1].timing.median_ms, 0
+        self.since_gain = since_gain
+        if best is not None and (self.best is None or best[1].timing.median_ms < self.best[1].timing.median_ms):
+            self.best = best
+            if self.on_best is not None:
+                self.on_best(best[0][0], best[0][1], best[1])
+
+    @property
+    def best_ms(self) -> float | None:
+        return None if self.best is None else self.best[1].timing.median_ms
+
+    def reach_ms(self) -> float | None:
+        """Candidates slower than this are timed, not gated (None: gate every one)."""
+        best = self.best_ms
+        return None if best is None or self.budget.reach == float("inf") else self.budget.reach * best
+
+    def pruned(self, results: dict, variant: str) -> tuple | None:
+        """(key, result) of the variant's best measurement if it is out of the race, else None."""
+        best = self.best_ms
+        if best is None or self.budget.prune == float("inf") or variant == self.best[0][0]:
+            return None
+        mine = [(key, r) for key, r in results.items() if key[0] == variant and r.timing is not None]
+        if not mine:
+            return None
+        fastest = min(mine, key=lambda item: item[1].timing.median_ms)
+        return fastest if fastest[1].timing.median_ms > self.budget.prune * best else None
+
+    def stalled(self) -> bool:
+        return self.budget.stall is not None and self.best is not None and self.since_gain >= self.budget.stall
+
+
+def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar, progress) -> None:
     """Ask ``size`` trials, compile their kernels together, measure what nobody has or does."""
     batch = []
     for _ in range(size):
@@ -65,24 +130,33 @@ def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar)
         batch.append((trial, name, config))
     view = shared.view()
     _prebuild([(name, config) for _, name, config in batch
-               if (name, studies.config_label(config)) not in view.results | view.claims], job)
+               if (name, studies.config_label(config)) not in view.results | view.claims
+               and progress.pruned(view.results, name) is None], job)
     for trial, name, config in batch:
         key = (name, studies.config_label(config))
         view = shared.view(settled_below=trial.number)  # re-read: others may have measured or claimed it meanwhile
         bar.show(view.results)
+        progress.see(view.results)
+        pruned = progress.pruned(view.results, name)
         if key in view.results:  # a repeat: told the earlier result, measures nothing
             _tell(shared, trial, key, view.results[key], repeat=True)
+        elif pruned is not None:  # told the variant's best, so TPE learns to leave it; counts for nothing
+            trial.set_user_attr("config", pruned[0][1])
+            _tell(shared, trial, pruned[0], pruned[1], repeat=True)
         elif view.claims.get(key, trial.number) < trial.number:
             shared.drop(trial, f"trial {view.claims[key]} of another process measures {key}")
         elif view.ahead_of(trial.number) >= total:
             shared.drop(trial, f"the trial budget ({total}) was reached")
         else:
-            _tell(shared, trial, key, worker.call("evaluate", (job, Candidate(name, config)), trial_timeout))
+            result = worker.call("evaluate", (job, Candidate(name, config), progress.reach_ms()), trial_timeout)
+            _tell(shared, trial, key, result)
 
 
 def _tell(shared, trial, key, result: TrialResult, repeat: bool = False) -> None:
     attrs = {"config": key[1], "outcome": result.outcome.value, "result": result.to_dict(), "repeat": repeat}
-    shared.tell(trial, result.timing.median_ms if result.outcome is Outcome.OK else studies.FAILED_VALUE_MS, attrs)
+    # An out-of-reach candidate's time is real: TPE learns from it as from a gated one.
+    timed = result.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and result.timing is not None
+    shared.tell(trial, result.timing.median_ms if timed else studies.FAILED_VALUE_MS, attrs)
 
 
 def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:

@@ -1,10 +1,13 @@
 """``autofuse.tune``: search every admitted variant's configurations, keep the fastest correct one.
 
-Per shape: an Optuna study proposes candidates, a worker subprocess builds, gates and times
+Per shape: an Optuna study proposes candidates, a worker subprocess builds, times and gates
 each (a crash, hang or wrong answer is a recorded outcome), then the best few are re-timed
 interleaved with eager in one run and the simplest one within the noise of the fastest wins.
 The winner for inference, and the best autograd-capable variant for calls that need
-gradients, are written to the dispatch table. Several processes may search one study at once
+gradients, are written to the dispatch table. Each new best gated candidate is written as a
+provisional entry as soon as it is found (``_Provisional``), so a caller has a fused kernel
+long before the search ends; the ``budget`` (``autofuse.tuning.budget``) bounds the search.
+What the candidates print (Inductor, Triton, nvcc) goes to a log per key, not the terminal. Several processes may search one study at once
 (``workers``, or machines sharing ``storage``): see ``search``, ``shared`` and ``parallel``;
 each of the ``workers`` processes runs this module (``main``), which calls ``search_only``.
 """
@@ -15,6 +18,7 @@ import dataclasses
 import datetime
 import json
 import os
+import pathlib
 import random
 import sys
 import time
@@ -29,6 +33,8 @@ from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.tuning import parallel
 from autofuse.tuning import study as studies
+from autofuse.tuning.budget import Budget
+from autofuse.tuning.budget import budget as get_budget
 from autofuse.tuning.evaluate import BASELINE
 from autofuse.tuning.outcome import Outcome
 from autofuse.tuning.search import search
@@ -54,6 +60,9 @@ class TuneResult:
     grad_winner: dict | None
     rows: list[Row]
     table_path: str
+    seconds: float = 0.0  # wall time of this key's tune
+    first_entry_s: float | None = None  # seconds until a provisional entry was written, if one was
+    log_path: str | None = None  # what the candidates printed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Plan:
     workers: int = 1
     autograd_entry: bool = True
     progress: bool = True
+    budget: str = "quick"
     backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
 
     def to_json(self) -> dict:
@@ -78,14 +88,15 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          dtype: str = "float32", precision: str = "fp32", mode: str | None = None,
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
-         storage=None, workers: int = 1, progress: bool = True) -> list[TuneResult]:
+         storage=None, workers: int = 1, progress: bool = True, budget: str = "quick") -> list[TuneResult]:
     """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
 
     ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
     ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
     (``autofuse.tuning.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
     and machines may share; ``workers`` processes search each shape at once, one per GPU (or
-    all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
+    all on the CPU), before this process makes the final choice. ``budget`` is "quick" or "full"
+    (``autofuse.tuning.budget``). Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
     shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
@@ -95,7 +106,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     url = os.fspath(storage) if isinstance(storage, (str, os.PathLike)) else None
     if workers > 1 and storage is not None and url is None:
         raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
-    plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress,
+    get_budget(budget)  # an unknown name fails here, before any work
+    plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
                 backend=open_storage(storage))  # a bad URL fails here, before any work
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
@@ -144,7 +156,8 @@ def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
     A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
     """
     spaces = _spaces(prob, shape, settings, plan.variants)
-    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"], settings["seed"])
+    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
+              settings["seed"], log=str(log_path(prob.name, shape, settings)))
     # Read in this process: a rerun whose trials are all done then never starts a worker.
     fingerprint = current_fingerprint(settings["device"])
     key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
@@ -152,40 +165,97 @@ def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
     study = studies.open_study(name, settings["seed"], plan.backend)
-    studies.enqueue_starting_points(study, spaces, _recorded_configs(table, fingerprint, prob, shape, key))
+    studies.enqueue_starting_points(study, _likely_fastest_first(spaces, registry.variants(prob.name)),
+                                    _recorded_configs(table, fingerprint, prob, shape, key))
     return spaces, job, fingerprint, key, name, study
 
 
+def _likely_fastest_first(spaces: dict, variants: dict) -> dict:
+    """``spaces`` with the most specialised kinds first (triton, then the CUDA kinds, cuBLAS's
+    epilogue, simplified, eager), ``compiled`` after the hand-written ones: the defaults are
+    measured in this order, so the first gated candidate, which becomes the provisional entry, is
+    most often already a fused kernel near the final winner, and ``compiled``'s first call, which
+    compiles a whole graph, comes after them."""
+    order = sorted(spaces, key=lambda name: (variants[name].kind == "compiled", -variants[name].rank()))
+    return {name: spaces[name] for name in order}
+
+
 def _total(plan: Plan, spaces: dict) -> int:
-    return plan.n_trials if plan.n_trials is not None else min(MAX_DEFAULT_TRIALS, sum(len(c) for c in spaces.values()))
+    size = sum(len(c) for c in spaces.values())
+    return plan.n_trials if plan.n_trials is not None else min(get_budget(plan.budget).max_trials, size)
+
+
+def log_path(problem: str, shape: dict, settings: dict) -> pathlib.Path:
+    """Where a key's candidates' output goes: ``$AUTOFUSE_HOME/logs/<problem>-<shape>-<key>.log``."""
+    home = pathlib.Path(os.environ.get("AUTOFUSE_HOME") or "~/.cache/autofuse").expanduser()
+    name = "-".join([problem, "_".join(str(v) for v in shape.values()), settings["dtype"], settings["precision"],
+                     settings["mode"]])
+    return home / "logs" / f"{name}.log"
 
 
 def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
+    started = time.monotonic()
     spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan, table)
+    budget = get_budget(plan.budget)
     total = _total(plan, spaces)
     before = len(studies.finished(study))
-    label, timeout, started = f"{prob.name} {prob.shape_str(shape)}", plan.timeout, time.monotonic()
+    label, timeout = f"{prob.name} {prob.shape_str(shape)}", plan.timeout
+    provisional = _Provisional(table, fingerprint, prob, shape, key, name, started, spaces)
     if plan.workers > 1:
         parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
                         plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tuning.tuner"])
         # What they left undone (a worker died, say) this process searches for itself.
         timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-    results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout, plan.progress and plan.workers == 1, label)
+    results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout,
+                     plan.progress and plan.workers == 1, label, budget, provisional)
     rows = _rows(results, registry.variants(prob.name), spaces)
-    by_speed = _ok_by_speed(results, spaces)
+    by_speed = _timed_by_speed(results, spaces)
     n_done = len(studies.finished(study))
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
-    if n_done == before and recorded is not None and recorded[0].get("study") == name and recorded[0].get("trials") == n_done:
+    if (n_done == before and recorded is not None and recorded[0].get("study") == name
+            and recorded[0].get("trials") == n_done and not recorded[0].get("provisional")):
         # Nothing new was measured and the table holds this study's choice: keep it (a rerun
         # of a tuned shape costs no device time).
         winner, grad_winner = recorded
     else:
         winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
-                                      by_speed)
+                                      by_speed, budget)
         for note in _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner):
             print(f"autofuse: {note}")
         _record(table, fingerprint, prob, shape, key, winner, grad_winner)
-    return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path))
+    return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
+                      time.monotonic() - started, provisional.first_s, job.log)
+
+
+class _Provisional:
+    """``on_best`` of the search: each new best gated candidate becomes the key's table entry at
+    once, marked ``provisional``, so a module serving the key (in this process or another: the
+    table is watched, ``autofuse.serve.table_watch``) runs a fused kernel while the search goes
+    on. It never replaces a finished entry that measured faster (``DispatchTable.record_provisional``);
+    the tune's final choice replaces it."""
+
+    def __init__(self, table, fingerprint, prob, shape, key, study_name, started, spaces):
+        self.table, self.fingerprint, self.prob, self.shape, self.key = table, fingerprint, prob, shape, key
+        self.study_name, self.started, self.spaces = study_name, started, spaces
+        self.first_s: float | None = None
+
+    def __call__(self, variant: str, label: str, result) -> None:
+        params = next((c for c in self.spaces.get(variant, ()) if studies.config_label(c) == label), None)
+        if params is None:  # measured under another space (an earlier session's study)
+            return
+        timing = result.timing
+        entry = {"variant": variant, "params": params, "median_ms": timing.median_ms, "p20_ms": timing.p20_ms,
+                 "p80_ms": timing.p80_ms, "eager_ms": None, "speedup": None, "error": result.error,
+                 "provisional": True, "step": "forward", "study": self.study_name,
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "source_hash": registry.variants(self.prob.name)[variant].source_hash()}
+        try:
+            written = self.table.record_provisional(self.fingerprint, self.prob.name, shape_key(self.shape),
+                                                    self.key.to_str(), entry)
+        except TableError:
+            return  # a corrupt table is reported when the final result is recorded
+        if written and self.first_s is None:
+            self.first_s = time.monotonic() - self.started
 
 
 def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: str) -> None:
@@ -199,7 +269,7 @@ def search_only(problem: str, shape: dict, settings: dict, plan: dict, study: st
                          f"({settings['device']}) or variants differ, so its timings would not be comparable")
     total = _total(plan, spaces)
     with Worker() as worker:
-        search(opened, spaces, job, worker, total, plan.timeout, plan.trial_timeout, False, name)
+        search(opened, spaces, job, worker, total, plan.timeout, plan.trial_timeout, False, name, get_budget(plan.budget))
 
 
 def _recorded_entries(table, fingerprint, prob, shape, key) -> tuple[dict | None, dict | None]:
@@ -233,15 +303,17 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
-    """Each variant's best configuration, or its most informative failure."""
+    """Each variant's best configuration: its fastest gated one, else its fastest timed one (out of
+    reach, kept so the autograd entry may still gate it), else its most informative failure."""
     rows = []
     for name in spaces:
         mine = {label: r for (v, label), r in results.items() if v == name}
         ok = {label: r for label, r in mine.items() if r.outcome is Outcome.OK}
-        if ok:
-            label = min(ok, key=lambda lab: ok[lab].timing.median_ms)
+        timed = ok or {label: r for label, r in mine.items() if r.outcome is Outcome.OUT_OF_REACH}
+        if timed:
+            label = min(timed, key=lambda lab: timed[lab].timing.median_ms)
             config = next(c for c in spaces[name] if studies.config_label(c) == label)
-            rows.append(Row(name, variants[name].rank(), config, ok[label], len(mine)))
+            rows.append(Row(name, variants[name].rank(), config, timed[label], len(mine)))
         elif mine:
             rows.append(Row(name, variants[name].rank(), {}, next(iter(mine.values())), len(mine)))
         else:
@@ -249,38 +321,45 @@ def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
     return rows
 
 
-def _ok_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
-    """Each variant's configurations that passed the forward gate, fastest first."""
+def _timed_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
+    """Each variant's timed configurations (gated, or out of the forward's reach), fastest first."""
     ranked = {}
     for name in spaces:
-        ok = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
-                    if v == name and r.outcome is Outcome.OK)
+        timed = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
+                       if v == name and r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH))
         configs = {studies.config_label(c): c for c in spaces[name]}
-        ranked[name] = [configs[label] for _, label in ok if label in configs]
+        ranked[name] = [configs[label] for _, label in timed if label in configs]
     return ranked
 
 
-def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None):
+def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None,
+            budget: Budget | None = None):
     """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
     ones, each gated with gradients and timed as a training step (``autofuse.tuning.timed_call``). A variant
     whose fastest forward configuration fails with gradients is gated at its next fastest ones
-    (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up."""
+    (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up. With a ``budget``, only
+    variants whose forward is within its ``grad_reach`` of the best forward take part."""
     variants = registry.variants(prob.name)
     winner = choose(job, rows, worker, trial_timeout, autograd=False)
     grad_winner, grad_rows = None, []
+    # Out-of-reach rows take part too: a slower forward can still make the faster training step.
+    capable = [row for row in rows if row.result is not None and row.result.timing is not None
+               and row.result.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and variants[row.variant].supports_autograd]
+    if capable and budget is not None:
+        fastest = min(row.result.timing.median_ms for row in capable)
+        capable = [row for row in capable if row.result.timing.median_ms <= budget.grad_reach * fastest]
     if autograd_entry:
-        for row in rows:
-            if row.ok and variants[row.variant].supports_autograd:
-                tries = [row.params] + [c for c in (by_speed or {}).get(row.variant, []) if c != row.params]
-                first = None  # the fastest configuration's failure, reported if none passes
-                for params in tries[:GRAD_TRIES]:
-                    checked = worker.call("evaluate", (job, Candidate(row.variant, params, autograd=True)), trial_timeout)
-                    if checked.outcome is Outcome.OK:
-                        grad_rows.append(dataclasses.replace(row, params=params, result=checked))
-                        break
-                    first = first or dataclasses.replace(row, result=checked)
-                else:
-                    grad_rows.append(first)
+        for row in capable:
+            tries = [row.params] + [c for c in (by_speed or {}).get(row.variant, []) if c != row.params]
+            first = None  # the fastest configuration's failure, reported if none passes
+            for params in tries[:GRAD_TRIES]:
+                checked = worker.call("evaluate", (job, Candidate(row.variant, params, autograd=True)), trial_timeout)
+                if checked.outcome is Outcome.OK:
+                    grad_rows.append(dataclasses.replace(row, params=params, result=checked))
+                    break
+                first = first or dataclasses.replace(row, result=checked)
+            else:
+                grad_rows.append(first)
         grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)
     stamp = {"trials": n_trials, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "seed": job.seed, "study": study_name}

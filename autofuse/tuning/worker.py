@@ -1,6 +1,8 @@
 """Candidates run in a worker subprocess, so a crash, a hang or a CUDA error is an outcome.
 
 The parent (``Worker``) sends a job and a candidate over a pipe and waits with a timeout.
+The child writes whatever it and the candidates print (file descriptors 1 and 2, so compilers'
+and Inductor's output too) to the job's log (``Job.log``), not to the tuner's terminal.
 A worker that dies (segfault, abort) or overruns is killed and replaced; one whose CUDA
 context may be broken (illegal address) reports ``poisoned`` and is replaced too. The child
 keeps its prepared check cases and timing inputs between candidates of one job, so the
@@ -105,11 +107,16 @@ def _serve(conn) -> None:
 
     conn.send("ready")
     state: dict = {}
+    log = None
     while True:
         try:
             op, payload = conn.recv()
         except EOFError:
             return
+        wanted = getattr(payload[0], "log", None) if payload else None
+        if wanted is not None and wanted != log:
+            _redirect_output(wanted)
+            log = wanted
         try:
             result = getattr(evaluate, op)(state, *payload)
         except BaseException as exc:  # noqa: BLE001 - any failure is the candidate's outcome
@@ -119,6 +126,21 @@ def _serve(conn) -> None:
 
 def main(argv: list[str]) -> None:
     _serve(Connection(int(argv[0])))
+
+
+def _redirect_output(path: str) -> None:
+    """Point this process's stdout and stderr (the descriptors, which child processes and C
+    libraries write to as well) at ``path``, appended."""
+    import os
+    import pathlib
+
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:

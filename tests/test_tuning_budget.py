@@ -1,0 +1,240 @@
+"""The quick budget: time first and gate only what can win, prune hopeless variants, stop a stalled
+search, write a provisional entry at once, keep third-party output off the terminal; and modules
+pick up table changes while they serve."""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import torch
+from helpers import use_test_plugins
+
+import autofuse
+from autofuse.core import plugins, registry
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.serve.table_watch import WATCH
+from autofuse.tuning import evaluate, search
+from autofuse.tuning import study as studies
+from autofuse.tuning.budget import BUDGETS, budget
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
+from autofuse.tuning.timing import Timing
+
+SWEEP = pathlib.Path(__file__).parent / "data" / "sweep-matmul_gelu_softmax.json"
+SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
+
+
+class ReachReplay:
+    """Answers ``evaluate`` from recorded times as the worker does: out of reach past ``reach_ms``
+    (timed, not gated), else gated; counts both."""
+
+    def __init__(self, times: dict):
+        self.times = times  # (variant, json of params) -> median ms
+        self.timed = self.gated = 0
+
+    def call(self, op, payload, timeout):
+        job, candidate, reach_ms = payload
+        self.timed += 1
+        ms = self.times[(candidate.variant, json.dumps(candidate.params, sort_keys=True))]
+        timing = Timing(ms, ms * 0.99, ms * 1.01, 10)
+        if reach_ms is not None and ms > reach_ms:
+            return TrialResult(Outcome.OUT_OF_REACH, "replayed", timing=timing)
+        self.gated += 1
+        return TrialResult(Outcome.OK, None, 1e-7, timing)
+
+
+@pytest.fixture(autouse=True)
+def _no_builds(monkeypatch):
+    monkeypatch.setattr(search, "_prebuild", lambda candidates, job: None)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    data = json.loads(SWEEP.read_text())
+    times = {("cuda_templated", json.dumps(r["params"], sort_keys=True)): r["timing"]["median_ms"] for r in data["configs"]}
+    return data, times
+
+
+def _replay(spaces, times, seed, which, total=40):
+    study = studies.open_study("replay", seed, optuna.storages.InMemoryStorage())
+    studies.enqueue_starting_points(study, spaces)
+    worker = ReachReplay(times)
+    job = Job("matmul_gelu_softmax", SMALL, "cuda", "float32", "fp32", "any", seed)
+    found = []
+    results = search.search(study, spaces, job, worker, total, None, 60.0, False, "replay", BUDGETS[which],
+                            on_best=lambda v, label, r: found.append((v, label, r.timing.median_ms)))
+    best = min(r.timing.median_ms for r in results.values() if r.outcome is Outcome.OK)
+    return best, worker, found
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_quick_reaches_the_sweep_best_gating_a_fraction_of_what_it_times(sweep, seed):
+    data, times = sweep
+    spaces = {"cuda_templated": [r["params"] for r in data["configs"]]}
+    sweep_best = min(times.values())
+    best, worker, found = _replay(spaces, times, seed, "quick", total=BUDGETS["quick"].max_trials)
+    assert best <= 1.03 * sweep_best, f"seed {seed}: {best:.4f} ms against the sweep's {sweep_best:.4f}"
+    assert worker.timed <= BUDGETS["quick"].max_trials
+    assert worker.gated < worker.timed / 2, f"gated {worker.gated} of {worker.timed}: the gate should be the exception"
+    assert [ms for _, _, ms in found] == sorted((ms for _, _, ms in found), reverse=True), "on_best: each a new best"
+
+
+def test_full_gates_every_candidate(sweep):
+    data, times = sweep
+    spaces = {"cuda_templated": [r["params"] for r in data["configs"]][:60]}
+    _, worker, _ = _replay(spaces, times, 5, "full", total=20)
+    assert worker.gated == worker.timed == 20
+
+
+def test_a_hopeless_variant_is_drawn_no_more_and_a_stalled_search_stops():
+    fast = [{"t": t} for t in range(30)]
+    slow = [{"s": s} for s in range(30)]
+    times = {("fast", json.dumps(c)): 1.0 + c["t"] * 1e-4 for c in fast}  # flat: nothing gains 1%
+    times |= {("slow", json.dumps(c)): 50.0 for c in slow}
+    _, worker, _ = _replay({"fast": fast, "slow": slow}, times, 0, "quick", total=40)
+    assert worker.timed <= 2 + BUDGETS["quick"].stall, f"timed {worker.timed}: the search should stall out"
+
+
+def test_pruning_leaves_a_variant_after_its_first_measurement():
+    fast = [{"t": t} for t in range(40)]
+    slow = [{"s": s} for s in range(40)]
+    times = {("fast", json.dumps(c)): 1.0 - c["t"] * 0.02 for c in fast}  # keeps improving: no stall
+    times |= {("slow", json.dumps(c)): 50.0 for c in slow}
+    study = studies.open_study("prune", 0, optuna.storages.InMemoryStorage())
+    spaces = {"fast": fast, "slow": slow}
+    studies.enqueue_starting_points(study, spaces)
+    worker = ReachReplay(times)
+    job = Job("matmul_gelu_softmax", SMALL, "cuda", "float32", "fp32", "any", 0)
+    results = search.search(study, spaces, job, worker, 30, None, 60.0, False, "prune", BUDGETS["quick"])
+    slow_measured = [key for key in results if key[0] == "slow"]
+    assert len(slow_measured) == 1, f"the slow variant was measured {len(slow_measured)} times"
+
+
+def test_evaluate_times_first_and_gates_only_within_reach():
+    job = Job("matmul_gelu_softmax", SMALL, "cpu", "float32", "fp32", "any", 0)
+    state = {}
+    far = evaluate.evaluate(state, job, Candidate("eager", {}), 1e-9)
+    assert far.outcome is Outcome.OUT_OF_REACH and far.timing is not None and far.error is None
+    near = evaluate.evaluate(state, job, Candidate("eager", {}), 1e9)
+    assert near.outcome is Outcome.OK and near.error is not None  # gated: its error was measured
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK  # no reach: gated
+
+
+def test_the_budget_name_is_checked():
+    assert budget("quick") is BUDGETS["quick"]
+    with pytest.raises(autofuse.InputError, match="budget must be one of"):
+        budget("fastest")
+    with pytest.raises(autofuse.InputError, match="budget must be one of"):
+        autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", budget="fastest")
+
+
+# -- provisional entries ---------------------------------------------------------------------
+def _entry(ms, provisional, study="s1"):
+    return {"variant": "eager", "params": {}, "median_ms": ms, "study": study,
+            **({"provisional": True} if provisional else {})}
+
+
+@pytest.mark.parametrize("previous, new_ms, written", [
+    (None, 1.0, True),
+    (_entry(0.5, provisional=False), 1.0, False),  # a finished, faster entry stands
+    (_entry(2.0, provisional=False), 1.0, True),  # a finished, slower one is improved on
+    (_entry(0.5, provisional=True), 1.0, True),  # a provisional one is always replaced
+    (_entry(2.0, provisional=False, study="s2"), 1.0, False),  # the same study's final choice stands (a rerun)
+])
+def test_a_provisional_entry_never_replaces_a_finished_faster_one(tmp_path, previous, new_ms, written):
+    table = DispatchTable(tmp_path / "t.json")
+    fp, key = current_fingerprint("cpu"), DispatchKey("float32", "fp32", "any", False)
+    if previous is not None:
+        table.record(fp, "matmul_gelu_softmax", "b=1", key, previous)
+    new = _entry(new_ms, True, study="s2")
+    assert table.record_provisional(fp, "matmul_gelu_softmax", "b=1", key, new) is written
+    now = table.lookup(fingerprint_key(fp), "matmul_gelu_softmax", "b=1", key)
+    assert now["median_ms"] == (new_ms if written else previous["median_ms"])
+
+
+def test_a_tune_writes_a_provisional_entry_then_its_final_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_HOME", str(tmp_path))
+    seen = []
+    real = DispatchTable.record_provisional
+
+    def spy(self, *args):
+        written = real(self, *args)
+        seen.append((args[-1]["variant"], written, self.lookup(fingerprint_key(args[0]), *args[1:4])))
+        return written
+
+    monkeypatch.setattr(DispatchTable, "record_provisional", spy)
+    [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", table=tmp_path / "t.json", seed=1,
+                             variants=["eager", "simplified"], autograd_entry=False, progress=False)
+    assert seen and seen[0][1] and seen[0][2]["provisional"] is True
+    assert result.first_entry_s is not None and result.first_entry_s <= result.seconds
+    final = DispatchTable(tmp_path / "t.json").lookup(fingerprint_key(result.fingerprint), "matmul_gelu_softmax",
+                                                       shape_key(SMALL), result.key)
+    assert final is not None and "provisional" not in final and final["trials"] >= 1
+
+
+def test_what_candidates_print_goes_to_the_key_log_not_the_terminal(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("AUTOFUSE_HOME", str(tmp_path))
+    use_test_plugins(monkeypatch, "noisy_variants")
+    try:
+        [result] = autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", table=tmp_path / "t.json", seed=2,
+                                 variants=["noisy"], autograd_entry=False, progress=False)
+    finally:
+        monkeypatch.delenv("AUTOFUSE_PLUGINS")
+        plugins.reset_plugin_manager()
+    out, err = capfd.readouterr()
+    assert "NOISY-VARIANT-OUTPUT" not in out + err
+    log = pathlib.Path(result.log_path).read_text()
+    assert "NOISY-VARIANT-OUTPUT stdout" in log and "NOISY-VARIANT-OUTPUT fd2" in log
+
+
+# -- modules follow the table ------------------------------------------------------------------
+def _write_entry(table_path, variant):
+    fp = current_fingerprint("cpu")
+    DispatchTable(table_path).record(fp, "matmul_gelu_softmax", "batch_size=4,in_features=6,out_features=5",
+                                     DispatchKey("float32", "fp32", "any", False),
+                                     {"variant": variant, "params": {}, "median_ms": 1.0})
+
+
+def test_a_serving_module_picks_up_a_table_change(tmp_path):
+    table = tmp_path / "t.json"
+    _write_entry(table, "eager")
+    model = autofuse.get_module("matmul_gelu_softmax", 6, 5, table=table).requires_grad_(False)
+    x = torch.rand(4, 6)
+    model(x)
+    assert model.dispatch_info(x)["variant"] == "eager"
+    _write_entry(table, "simplified")
+    WATCH.check()  # what the watcher thread does every AUTOFUSE_TABLE_POLL seconds
+    assert model.dispatch_info(x)["variant"] == "simplified"
+
+
+def test_a_module_in_another_process_picks_up_what_this_one_writes(tmp_path):
+    table = tmp_path / "t.json"
+    _write_entry(table, "eager")
+    script = f"""
+import os, sys, time, torch, autofuse
+model = autofuse.get_module("matmul_gelu_softmax", 6, 5, table={str(table)!r}).requires_grad_(False)
+x = torch.rand(4, 6)
+model(x)
+print(model.dispatch_info(x)["variant"], flush=True)
+sys.stdin.readline()  # the parent has rewritten the table
+deadline = time.monotonic() + 20
+while model.dispatch_info(x)["variant"] == "eager" and time.monotonic() < deadline:
+    model(x)
+    time.sleep(0.05)
+print(model.dispatch_info(x)["variant"], flush=True)
+"""
+    env = {**__import__("os").environ, "AUTOFUSE_TABLE_POLL": "0.1"}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout.readline().strip() == "eager"
+        _write_entry(table, "simplified")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "simplified"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -193,7 +193,7 @@ def test_a_tune_records_the_contract_decoys_as_incorrect_and_eager_wins(decoys, 
     names = ["eager", "float64_output", "transposed_output"]
     [result] = autofuse.tune("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40},
                              device="cpu", table=tmp_path / "t.json", seed=3, variants=names, trial_timeout=120,
-                             autograd_entry=False, progress=False)
+                             autograd_entry=False, progress=False, budget="full")  # every decoy meets the gate
     rows = {row.variant: row.result for row in result.rows}
     assert {name: rows[name].outcome for name in names} == {
         "eager": Outcome.OK, "float64_output": Outcome.INCORRECT, "transposed_output": Outcome.INCORRECT}

@@ -54,7 +54,9 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             if progress_of.stalled():
                 return view.results
             if room > 0 and asks_left > 0 and not expired:
-                size = min(ASK_BATCH, room)
+                # A fresh study's first candidate (the likeliest winner's default) goes alone: its
+                # provisional entry then comes before the first batch's builds (nvcc, seconds each).
+                size = min(ASK_BATCH, room) if view.results else 1
                 asks_left -= size
                 _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar, progress_of)
             elif view.claims and len(view.results) < total and not expired:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# How long a tune takes from an empty $AUTOFUSE_HOME (no shipped table, no earlier study), and
+# whether the quick budget's winners match the long search's:
+#   bash benchmarks/gpu/tuning_time.sh [key99] [gemm_bn] [untabled]
+#   key99     kb2-99 fp32 at its default shape: wall time, first provisional entry, winners
+#   gemm_bn   autofuse tune gemm_bn: every default shape, train (forward and autograd entries)
+#   untabled  kb2-99 fp32 at in/out 6144 (in no table), --budget quick then --budget full
+# Each part prints autofuse tune's own summary (wall time per key, first entry, winners). Logs
+# and tables go under $OUT (or ./tuning-time-out).
+set -uo pipefail
+OUT=${OUT:-tuning-time-out}; mkdir -p "$OUT"
+parts=("$@"); [[ ${#parts[@]} -gt 0 ]] || parts=(key99 gemm_bn untabled)
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
+
+tune() {  # NAME ARGS...: a tune in a fresh $AUTOFUSE_HOME, its summary and wall time
+    local name=$1; shift
+    export AUTOFUSE_HOME="$OUT/home-$name"; rm -rf "$AUTOFUSE_HOME"
+    local start=$SECONDS
+    autofuse tune "$@" --no-progress > "$OUT/$name.txt" 2>&1
+    echo "== $name: autofuse tune $* ($((SECONDS - start)) s wall, process start included)"
+    grep -E "^(winner|autograd winner|tuned in)" "$OUT/$name.txt"
+}
+for part in "${parts[@]}"; do
+    case $part in
+        key99) tune key99 kb2-99 --precision fp32 ;;
+        gemm_bn) tune gemm_bn gemm_bn ;;
+        untabled)
+            shape=batch_size=1024,in_features=6144,out_features=6144
+            tune untabled-quick kb2-99 --precision fp32 --shape $shape
+            tune untabled-full kb2-99 --precision fp32 --shape $shape --budget full ;;
+        *) echo "unknown part $part" >&2; exit 2 ;;
+    esac
+done

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import inspect
 import itertools
 import logging
 import time
@@ -35,7 +34,7 @@ import types
 import torch
 from torch import nn
 
-from autofuse.core.problem import Problem
+from autofuse.core.problem import Problem, reference_identity
 from autofuse.core.variant import FoldCache, Variant
 from autofuse.errors import BuildError
 from autofuse.hookspecs import hookimpl
@@ -180,13 +179,8 @@ def _has_triton() -> bool:
 @functools.cache
 def _class_hash(cls: type[CompiledVariant]) -> str:
     """This module's source and the reference's: a changed reference compiles to other code."""
-    problem = cls.reference_problem
-    file = getattr(problem, "file", None)
-    try:
-        reference = file.digest if file is not None else inspect.getsource(problem.model)
-    except (OSError, TypeError):
-        reference = problem.name
-    return hashlib.sha256((Variant.source_hash.__func__(cls) + reference).encode()).hexdigest()[:16]
+    digest = Variant.source_hash.__func__(cls) + reference_identity(cls.reference_problem)
+    return hashlib.sha256(digest.encode()).hexdigest()[:16]
 
 
 _classes: dict[str, tuple[Problem, type[CompiledVariant]]] = {}

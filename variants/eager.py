@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 
-from autofuse.core.problem import Problem
+from autofuse.core.problem import Problem, reference_identity
 from autofuse.core.variant import EagerVariant
 from autofuse.hookspecs import hookimpl
 
@@ -38,13 +37,9 @@ def eager_variant(problem: Problem) -> type[EagerVariant]:
 
 @functools.cache
 def _class_hash(cls: type[EagerVariant]) -> str:
-    problem = cls.reference_problem
-    file = getattr(problem, "file", None)
-    try:
-        reference = file.digest if file is not None else inspect.getsource(problem.model)
-    except (OSError, TypeError):
-        reference = problem.name
-    return hashlib.sha256((EagerVariant.source_hash() + reference).encode()).hexdigest()[:16]
+    """EagerVariant's source and the reference's: a changed reference is another baseline."""
+    digest = EagerVariant.source_hash() + reference_identity(cls.reference_problem)
+    return hashlib.sha256(digest.encode()).hexdigest()[:16]
 
 
 @hookimpl

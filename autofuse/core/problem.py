@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -256,3 +257,14 @@ class Problem:
 
     def shape_str(self, shape: Mapping[str, int]) -> str:
         return ",".join(f"{d}={shape[d]}" for d in self.dims)
+
+
+def reference_identity(problem: Problem) -> str:
+    """What identifies ``problem``'s reference forward, for the source hash of the generic
+    variants that run it (``eager``, ``compiled``): a KernelBench file's digest, else the source of
+    its model class, else (no source to read) its name."""
+    file = getattr(problem, "file", None)
+    try:
+        return file.digest if file is not None else inspect.getsource(problem.model)
+    except (OSError, TypeError):
+        return problem.name

@@ -41,3 +41,17 @@ def test_errors_exit_2_with_a_message(capsys, tmp_path):
 def test_the_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "autofuse.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "tune" in out.stdout
+
+
+SMALL_22 = "batch_size=5,in_features=33,out_features=17"
+
+
+def test_tune_into_a_deeply_nested_table_reports_it_and_keeps_the_result_beside_it(tmp_path, capsys):
+    # It raised RecursionError (issue 32); other corrupt tables were reported like this.
+    table = tmp_path / "t.json"
+    table.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["tune", "kb2-22", "--shape", SMALL_22, "--device", "cpu", "--table", str(table), "--variants", "eager",
+                 "--trials", "1", "--no-autograd-entry", "--no-progress", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "nested" in out and "rescued" in out, out
+    assert table.read_text() == "[" * 100_000 + "]" * 100_000

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from autofuse.cli import main
+from autofuse.serve.table import DispatchTable
 
 
 def test_list_shows_every_problem_and_variant(capsys):
@@ -55,3 +56,17 @@ def test_tune_into_a_deeply_nested_table_reports_it_and_keeps_the_result_beside_
     out = capsys.readouterr().out
     assert "nested" in out and "rescued" in out, out
     assert table.read_text() == "[" * 100_000 + "]" * 100_000
+
+
+def test_a_rerun_does_not_keep_a_recorded_entry_whose_time_is_not_a_number(tmp_path, capsys):
+    # A rerun with nothing new to measure keeps the recorded entry; one edited to a string time
+    # was printed with a ValueError traceback (issue 32). It is measured and written again instead.
+    table = tmp_path / "t.json"
+    command = ["tune", "kb2-22", "--shape", SMALL_22, "--device", "cpu", "--table", str(table), "--variants", "eager",
+               "--trials", "1", "--no-autograd-entry", "--no-progress", "--seed", "1"]
+    assert main(command) == 0
+    table.write_text(table.read_text().replace('"median_ms": ', '"median_ms": "fast", "was": '))
+    assert main(command) == 0
+    assert "winner: eager" in capsys.readouterr().out
+    entries = [entry for *_, entry in DispatchTable(table).entries()]
+    assert len(entries) == 1 and isinstance(entries[0]["median_ms"], float), entries

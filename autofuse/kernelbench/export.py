@@ -56,7 +56,12 @@ def export_kernelbench(problem: str, out, *, table=None, precision: str = "fp32"
     table_path = None if table is None else str(pathlib.Path(table).expanduser().resolve())
     text = render(prob, table_path, precision, command)
     compile(text, str(out), "exec")  # never write a file that does not compile
-    pathlib.Path(out).write_text(text)
+    out = pathlib.Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as `autofuse tune` does for its table
+        out.write_text(text)
+    except OSError as e:
+        raise InputError(f"cannot write the ModelNew file {out}: {e.strerror or e}") from None
     return summary(prob, DispatchTable(table_path), precision)
 
 

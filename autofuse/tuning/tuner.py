@@ -28,7 +28,7 @@ from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.dispatch import bad_entry
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tuning import parallel
+from autofuse.tuning import parallel, placement
 from autofuse.tuning import study as studies
 from autofuse.tuning.evaluate import BASELINE
 from autofuse.tuning.outcome import Outcome
@@ -79,7 +79,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
          storage=None, workers: int = 1, progress: bool = True) -> list[TuneResult]:
-    """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
+    """Tune ``problem`` at ``shape`` (default: each of its default shapes, which on the CPU must be
+    CPU-sized: ``placement``); see the module docstring.
 
     ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
     ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
@@ -88,8 +89,11 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
-    shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
-    settings = _settings(prob, device, dtype, precision, mode, seed)
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+        raise InputError(f"n_trials (--trials) must be an int >= 1, got {n_trials!r}")
+    resolved = placement.resolve_device(device)
+    shapes = placement.shapes_to_run(prob, shape, resolved, asked=device)
+    settings = _settings(prob, resolved, dtype, precision, mode, seed)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers must be an int >= 1, got {workers!r}")
     url = os.fspath(storage) if isinstance(storage, (str, os.PathLike)) else None
@@ -102,10 +106,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
 
 
-def _settings(prob: Problem, device, dtype, precision, mode, seed) -> dict:
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} asked for, but torch.cuda.is_available() is False here")
+def _settings(prob: Problem, device: str, dtype, precision, mode, seed) -> dict:
+    """The job's settings; ``device`` is ``placement.resolve_device``'s."""
     check_precision(precision)
     check_dtype(parse_dtype(dtype), precision)
     if mode is None:

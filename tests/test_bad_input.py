@@ -1,0 +1,112 @@
+"""The `autofuse` command answers a user's mistake in one line (exit 2, no traceback), before any
+work starts; issue 32 lists each case and the traceback or silent run it gave."""
+
+import pytest
+import torch
+
+from autofuse.bench import run as bench_run
+from autofuse.cli import main
+from autofuse.core import plugins
+from autofuse.tuning import tuner
+
+SMALL = "batch_size=5,in_features=33,out_features=17"  # kb2-22's names
+
+
+def one_line_error(capsys, *expected: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("autofuse: error: ") and err.count("\n") == 1, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """A tune or bench that gets as far as measuring a shape fails the test at once, instead of
+    spending minutes on a shape it should have refused."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started on a shape that should have been refused")
+    monkeypatch.setattr(tuner, "_tune_shape", refuse)
+    monkeypatch.setattr(bench_run, "_bench_shape", refuse)
+
+
+# -- export -------------------------------------------------------------------------
+
+def test_export_creates_missing_folders_like_tune(tmp_path, capsys):
+    out = tmp_path / "new" / "folder" / "model_new.py"
+    assert main(["export", "gemm_bn", "--kernelbench", str(out)]) == 0
+    assert "class ModelNew" in out.read_text()
+
+
+def test_export_to_a_path_that_cannot_be_written_says_why(capsys):
+    assert main(["export", "gemm_bn", "--kernelbench", "/proc/x.py"]) == 2
+    one_line_error(capsys, "/proc/x.py")
+
+
+# -- devices and shapes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_a_cuda_device_without_cuda_is_one_line(command, monkeypatch, capsys, no_work):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([command, "kb2-22", "--shape", SMALL, "--device", "cuda"]) == 2
+    one_line_error(capsys, "cuda", "is_available() is False")
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_a_device_torch_does_not_know_is_one_line(command, capsys, no_work):
+    assert main([command, "kb2-22", "--shape", SMALL, "--device", "gpu"]) == 2  # torch.device raised RuntimeError
+    one_line_error(capsys, "cpu, cuda or cuda:N", "'gpu'")
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_without_a_gpu_the_gpu_sized_default_shapes_are_refused_naming_a_cpu_sized_one(command, monkeypatch, capsys,
+                                                                                       no_work):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([command, "gemm_bn"]) == 2
+    one_line_error(capsys, "no CUDA GPU", "16384", "--device cpu --shape batch_size=37,in_features=1000,out_features=777")
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_on_the_cpu_asked_for_the_default_shapes_are_refused_too(command, capsys, no_work):
+    assert main([command, "gemm_bn", "--device", "cpu"]) == 2
+    err = one_line_error(capsys, "--shape batch_size=37,in_features=1000,out_features=777")
+    assert "no CUDA GPU" not in err
+
+
+# -- trials ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("trials", ["0", "-1"])
+def test_fewer_than_one_trial_is_refused_and_nothing_claims_a_table(trials, tmp_path, capsys, no_work):
+    table = tmp_path / "t.json"
+    assert main(["tune", "kb2-22", "--shape", SMALL, "--device", "cpu", "--trials", trials, "--table", str(table)]) == 2
+    one_line_error(capsys, f"(--trials) must be an int >= 1, got {trials}")
+    assert not table.exists()
+
+
+# -- show -----------------------------------------------------------------------------
+
+def test_show_of_a_missing_table_says_it_is_missing(tmp_path, capsys):
+    missing = tmp_path / "typo.json"
+    assert main(["show", "--table", str(missing)]) == 2
+    one_line_error(capsys, str(missing), "no such file")
+
+
+# -- bench --no-compile -----------------------------------------------------------------
+
+def test_bench_without_compile_leaves_the_compiled_variant_out(monkeypatch, tmp_path):
+    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)  # conftest blocks `compiled`
+    plugins.reset_plugin_manager()
+    benched = []
+
+    def variant_row(setup, cls, entries):
+        benched.append(cls.name)
+        return bench_run.BenchRow(cls.name, "variant", {}, note="not run here"), None
+
+    monkeypatch.setattr(bench_run, "_variant_row", variant_row)
+    try:
+        bench_run.bench("kb2-22", {"batch_size": 5, "input_size": 33, "hidden_size": 17}, device="cpu",
+                        table=tmp_path / "t.json", rounds=1, use_compile=False)
+    finally:
+        monkeypatch.undo()
+        plugins.reset_plugin_manager()
+    assert "simplified" in benched and "compiled" not in benched, benched

@@ -1,6 +1,13 @@
 """The `autofuse` command answers a user's mistake in one line (exit 2, no traceback), before any
 work starts; issue 32 lists each case and the traceback or silent run it gave."""
 
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -110,3 +117,35 @@ def test_bench_without_compile_leaves_the_compiled_variant_out(monkeypatch, tmp_
         monkeypatch.undo()
         plugins.reset_plugin_manager()
     assert "simplified" in benched and "compiled" not in benched, benched
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    path = pathlib.Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.skipif(not pathlib.Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
+                    reason="needs Linux's /proc/PID/task/PID/children to see the worker start")
+def test_ctrl_c_during_a_tune_prints_the_clean_message_and_nothing_else(tmp_path):
+    # Ctrl-C reaches the terminal's whole process group: the tune and its worker subprocess.
+    # The worker printed a BrokenPipeError (or ConnectionResetError) traceback after the message.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autofuse.cli", "tune", "kb2-99", "--shape", "batch_size=64,in_features=256,out_features=192",
+         "--device", "cpu", "--table", str(tmp_path / "t.json"), "--no-progress", "--trials", "40", "--seed", "1"],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _children(proc.pid), "the tune's worker subprocess did not start within 60 s"
+        time.sleep(3.0)  # the worker imports torch and takes its first candidates
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "autofuse: interrupted" in err, err

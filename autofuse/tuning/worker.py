@@ -38,8 +38,11 @@ class Worker:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
+        # A session of its own: Ctrl-C reaches the terminal's process group, and the parent
+        # alone answers it (close() ends the child); the child interrupted too printed a
+        # BrokenPipeError or ConnectionResetError traceback after the clean message (test_bad_input).
         self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tuning.worker", str(theirs.fileno())],
-                                      pass_fds=(theirs.fileno(),))
+                                      pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self._conn = Connection(ours.detach())
         try:
@@ -118,7 +121,10 @@ def _serve(conn) -> None:
 
 
 def main(argv: list[str]) -> None:
-    _serve(Connection(int(argv[0])))
+    try:
+        _serve(Connection(int(argv[0])))
+    except (ConnectionError, EOFError):
+        pass  # the parent closed the connection (interrupted, or replacing this worker): nothing to say
 
 
 def _describe(exc: BaseException) -> str:

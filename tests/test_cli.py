@@ -4,6 +4,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+from helpers import record
+
 from autofuse.cli import main
 from autofuse.serve.table import DispatchTable
 
@@ -70,3 +73,28 @@ def test_a_rerun_does_not_keep_a_recorded_entry_whose_time_is_not_a_number(tmp_p
     assert "winner: eager" in capsys.readouterr().out
     entries = [entry for *_, entry in DispatchTable(table).entries()]
     assert len(entries) == 1 and isinstance(entries[0]["median_ms"], float), entries
+
+
+BAD_RECORDS = {
+    "params not an object": {'"params": {}': '"params": "x"'},
+    "no variant": {'"variant": "simplified"': '"was": "simplified"'},
+    "no variant, faster": {'"variant": "simplified"': '"was": "simplified"', '"median_ms": 1.0': '"median_ms": 1e-09'},
+}
+
+
+@pytest.mark.parametrize("edits", BAD_RECORDS.values(), ids=BAD_RECORDS.keys())
+def test_a_tune_over_a_bad_recorded_entry_replaces_it(edits, tmp_path, capsys):
+    # A new study measures the recorded entry's configuration first, and a new winner slower
+    # than the entry it replaces is announced: reading params that are not an object raised a
+    # ValueError, an entry without a variant a KeyError (issue 32).
+    table = tmp_path / "t.json"
+    record("matmul_clamp_lse_mish", 5, 33, 17, path=table)
+    text = table.read_text()
+    for old, new in edits.items():
+        assert old in text
+        text = text.replace(old, new)
+    table.write_text(text)
+    assert main(["tune", "kb2-22", "--shape", SMALL_22, "--device", "cpu", "--table", str(table), "--variants", "eager",
+                 "--trials", "1", "--no-autograd-entry", "--no-progress", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "winner: eager" in out and "the recorded one was unusable" in out, out

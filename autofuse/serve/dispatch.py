@@ -88,7 +88,10 @@ def passed_over_before(passed_over: list[tuple[int, str]], served: int | None) -
 
 def bad_entry(entry: dict) -> str | None:
     """What makes ``entry`` one the tuner cannot have written (a hand edit, a foreign tool), or None:
-    a time that is not a finite number >= 0 (``None``: not measured), params that are not an object."""
+    no variant name, a time that is not a finite number >= 0 (``None``: not measured), params that
+    are not an object."""
+    if not isinstance(entry.get("variant"), str) or not entry["variant"]:
+        return f"its variant must be a variant's name, got {entry.get('variant')!r}"
     for field, value in entry.items():
         if not field.endswith(("_ms", "_s")) or value is None:
             continue

@@ -233,7 +233,8 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
         entries = _recorded_entries(table, fingerprint, prob, shape, key)
     except TableError:
         return []  # a corrupt table is reported when the result is recorded
-    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries if entry is not None]
+    return [(entry.get("variant"), dict(entry.get("params") or {})) for entry in entries
+            if entry is not None and not bad_entry(entry)]  # a bad one is replaced, not read (test_cli)
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
@@ -324,7 +325,11 @@ def _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner)
         return []
     notes = []
     for previous, new, what in zip(recorded, (winner, grad_winner), ("entry", "autograd entry")):
-        if not previous or not new or previous.get("variant") in new.get("candidates", {}):
+        if previous and new and bad_entry(previous):
+            notes.append(f"{prob.name} {shape_key(shape)} {what}: the recorded one was unusable "
+                         f"({bad_entry(previous)}) and is replaced by {new['variant']}")
+            continue
+        if not previous or not new or previous["variant"] in new.get("candidates", {}):
             continue
         was, now = previous.get("median_ms"), new.get("median_ms")
         if isinstance(was, (int, float)) and isinstance(now, (int, float)) and was < now:

@@ -253,18 +253,37 @@ def _show(args) -> None:
     if not table.path.exists():  # load() reads a missing file as an empty table, which a typo is not
         raise TableError(f"dispatch table {table.path}: no such file; `autofuse tune` writes one there, "
                          f"or name another with --table")
-    rows = []
+    from autofuse.serve.dispatch import bad_entry
+
+    rows, unusable = [], []
     for device, problem, shape, key, entry in table.entries():
-        dkey = DispatchKey.from_str(key)
-        speedup = entry.get("speedup")
-        rows.append([device, problem, shape, f"{dkey.dtype}/{dkey.precision}/{dkey.mode}" + ("/grad" if dkey.autograd else ""),
-                     entry.get("variant"), _params(entry.get("params", {})), f"{entry.get('median_ms', float('nan')):.4g}",
-                     f"{speedup:.2f}x" if speedup else "", f"{entry.get('error') or 0:.1e}", entry.get("date", "")])
+        try:
+            dkey = DispatchKey.from_str(key)
+            key = f"{dkey.dtype}/{dkey.precision}/{dkey.mode}" + ("/grad" if dkey.autograd else "")
+        except ValueError as exc:  # shown as written, and said why (test_bad_input)
+            unusable.append(f"{device} {problem} {shape} {key}: {exc}")
+        if bad_entry(entry):
+            unusable.append(f"{device} {problem} {shape} {key}: {bad_entry(entry)}")
+        params = entry.get("params", {})
+        rows.append([device, problem, shape, key, entry.get("variant"), _params(params) if isinstance(params, dict) else repr(params),
+                     _number(entry.get("median_ms"), ".4g"), _number(entry.get("speedup") or None, ".2f", "x"),
+                     _number(entry.get("error"), ".1e"), entry.get("date", "")])
     if not rows:
         print(f"{table.path}: no entries")
         return
     print(f"{table.path}:")
     print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+    for line in unusable:
+        print(f"unusable entry (get_module passes it over): {line}")
+
+
+def _number(value, spec: str, suffix: str = "") -> str:
+    """``value`` formatted as a number, or as written where it is not one (a hand-edited table)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    return format(value, spec) + suffix
 
 
 def _export(args) -> None:

@@ -11,6 +11,8 @@ import time
 import pytest
 import torch
 
+from helpers import record
+
 from autofuse.bench import run as bench_run
 from autofuse.cli import main
 from autofuse.core import plugins
@@ -149,3 +151,15 @@ def test_ctrl_c_during_a_tune_prints_the_clean_message_and_nothing_else(tmp_path
             proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "autofuse: interrupted" in err, err
+
+
+# -- show of bad entries --------------------------------------------------------------------
+
+def test_show_prints_a_bad_entry_as_it_is_and_says_what_is_wrong(tmp_path, capsys):
+    # Formatting a string median raised ValueError, and an unparsable dispatch key too (issue 32).
+    table = tmp_path / "t.json"
+    record("matmul_clamp_lse_mish", 5, 33, 17, path=table, median_ms="fast", speedup="big", error="none", params="x")
+    table.write_text(table.read_text().replace("autograd=false", "autograd=maybe"))
+    assert main(["show", "--table", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "'fast'" in out and "autograd=maybe" in out and "its median_ms must be a finite number" in out, out

@@ -165,9 +165,10 @@ def _print_result(result) -> None:
         if entry is not None:
             speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""
             print(f"{label}: {entry['variant']} {_params(entry['params'])} {entry['median_ms']:.4g} ms{speedup}")
-    if result.winner is None:
-        print("no variant passed the correctness gate: nothing was recorded")
-    print(f"table: {result.table_path}")
+    if result.winner is None:  # the table was not written: naming it as "table:" said it was
+        print(f"no variant passed the correctness gate: nothing was recorded in {result.table_path}")
+    else:
+        print(f"table: {result.table_path}")
 
 
 def _params(params: dict) -> str:

@@ -92,6 +92,30 @@ def test_fewer_than_one_trial_is_refused_and_nothing_claims_a_table(trials, tmp_
     assert not table.exists()
 
 
+@pytest.mark.parametrize("command, option, value, says", [
+    ("tune", "--timeout", "-5", "timeout (--timeout) must be a number > 0, got -5.0"),
+    ("tune", "--timeout", "0", "timeout (--timeout) must be a number > 0, got 0.0"),
+    ("tune", "--trial-timeout", "0", "trial_timeout (--trial-timeout) must be a number > 0, got 0.0"),
+    ("bench", "--rounds", "0", "rounds (--rounds) must be an int >= 1, got 0"),
+])
+def test_other_counts_and_durations_out_of_range_are_refused(command, option, value, says, capsys, no_work):
+    # --trial-timeout 0 killed every candidate and ended 'no variant passed the correctness gate';
+    # --rounds 0 raised StatisticsError from the timing.
+    assert main([command, "kb2-22", "--shape", SMALL, "--device", "cpu", option, value]) == 2
+    one_line_error(capsys, says)
+
+
+def test_a_tune_where_nothing_passes_names_no_table_as_written(tmp_path, capsys, monkeypatch):
+    # It printed "table: PATH" under "nothing was recorded", a path that was never written (issue 32).
+    monkeypatch.setattr(tuner, "_tune_shape", lambda prob, shape, settings, worker, table, plan: tuner.TuneResult(
+        prob.name, shape, {"kind": "cpu", "name": "x", "cores": 1, "torch": "t"},
+        tuner.DispatchKey("float32", "fp32", "any", False), None, None, [], str(table.path)))
+    table = tmp_path / "t.json"
+    assert main(["tune", "kb2-22", "--shape", SMALL, "--device", "cpu", "--table", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert f"nothing was recorded in {table}" in out and "table:" not in out, out
+
+
 # -- show -----------------------------------------------------------------------------
 
 def test_show_of_a_missing_table_says_it_is_missing(tmp_path, capsys):

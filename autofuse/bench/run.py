@@ -88,6 +88,8 @@ def bench(problem: str, shape=None, *, device: str | None = None, precision: str
     check_dtype(torch.float32, precision)
     if step not in STEPS:
         raise InputError(f"step must be one of {STEPS}, got {step!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:  # 0: StatisticsError from the timing
+        raise InputError(f"rounds (--rounds) must be an int >= 1, got {rounds!r}")
     unknown = [m for m in compile_modes if m not in KNOWN_COMPILE_MODES]
     if use_compile and unknown:
         raise InputError(f"torch.compile modes are {KNOWN_COMPILE_MODES}, got {unknown}")

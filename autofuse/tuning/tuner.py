@@ -89,8 +89,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     all on the CPU), before this process makes the final choice. Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
-    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
-        raise InputError(f"n_trials (--trials) must be an int >= 1, got {n_trials!r}")
+    _check_budget(n_trials, timeout, trial_timeout)
     resolved = placement.resolve_device(device)
     shapes = placement.shapes_to_run(prob, shape, resolved, asked=device)
     settings = _settings(prob, resolved, dtype, precision, mode, seed)
@@ -104,6 +103,16 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
+
+
+def _check_budget(n_trials, timeout, trial_timeout) -> None:
+    """Refuse a budget that measures nothing: 0 or -1 trials once ended 'no variant passed the
+    correctness gate' with a -1/-1 progress bar, a trial timeout of 0 killed every candidate."""
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+        raise InputError(f"n_trials (--trials) must be an int >= 1, got {n_trials!r}")
+    for name, flag, seconds in (("timeout", "--timeout", timeout), ("trial_timeout", "--trial-timeout", trial_timeout)):
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+            raise InputError(f"{name} ({flag}) must be a number > 0, got {seconds!r}")
 
 
 def _settings(prob: Problem, device: str, dtype, precision, mode, seed) -> dict:

@@ -248,14 +248,13 @@ def _report(args) -> None:
 
 def _show(args) -> None:
     from autofuse.errors import TableError
+    from autofuse.serve.dispatch import bad_entry
     from autofuse.serve.table import DispatchKey, DispatchTable
 
     table = DispatchTable(args.table)
     if not table.path.exists():  # load() reads a missing file as an empty table, which a typo is not
         raise TableError(f"dispatch table {table.path}: no such file; `autofuse tune` writes one there, "
                          f"or name another with --table")
-    from autofuse.serve.dispatch import bad_entry
-
     rows, unusable = [], []
     for device, problem, shape, key, entry in table.entries():
         try:

@@ -242,7 +242,7 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
         entries = _recorded_entries(table, fingerprint, prob, shape, key)
     except TableError:
         return []  # a corrupt table is reported when the result is recorded
-    return [(entry.get("variant"), dict(entry.get("params") or {})) for entry in entries
+    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries
             if entry is not None and not bad_entry(entry)]  # a bad one is replaced, not read (test_cli)
 
 

@@ -17,8 +17,17 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+if __name__ == "__main__":
+    # Ctrl-C reaches the terminal's whole process group, this child too, but the parent alone
+    # answers it: it closes the connection, and this child ends at EOF (or is killed 2 s later).
+    # Interrupted as well, the child printed a ConnectionResetError or BrokenPipeError traceback
+    # after the parent's clean message (test_bad_input). Set before the imports below (torch),
+    # and as a handler, not SIG_IGN, which the compilers this child starts would inherit. The
+    # child stays in the parent's process group: tune-on-miss kills a background tune by its group.
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+
 # Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
-from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: E402, F401
 
 STARTUP_TIMEOUT_S = 300.0
 
@@ -38,11 +47,8 @@ class Worker:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        # A session of its own: Ctrl-C reaches the terminal's process group, and the parent
-        # alone answers it (close() ends the child); the child interrupted too printed a
-        # BrokenPipeError or ConnectionResetError traceback after the clean message (test_bad_input).
         self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tuning.worker", str(theirs.fileno())],
-                                      pass_fds=(theirs.fileno(),), start_new_session=True)
+                                      pass_fds=(theirs.fileno(),))
         theirs.close()
         self._conn = Connection(ours.detach())
         try:

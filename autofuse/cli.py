@@ -182,6 +182,8 @@ def _bench(args) -> None:
     from autofuse.core.listing import list_problems
     from autofuse.core.registry import get_problem
 
+    if args.markdown:  # before the bench, which can take minutes, not after it
+        _make_parent(args.markdown)
     if args.from_out:
         return _bench_markdown_from_out(args)
     if args.all == bool(args.problem):
@@ -204,6 +206,17 @@ def _bench(args) -> None:
         command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
         target.write_text(markdown(reports, command, charts, target.parent))
         print(f"wrote {target}")
+
+
+def _make_parent(path: str) -> None:
+    """Create ``path``'s folder, as ``autofuse tune`` does its table's, or say why it cannot be."""
+    import pathlib
+
+    folder = pathlib.Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AutofuseError(f"cannot create the folder {folder} for {path}: {exc.strerror or exc}") from None
 
 
 def _bench_markdown_from_out(args) -> None:

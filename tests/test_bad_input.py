@@ -47,6 +47,14 @@ def test_export_creates_missing_folders_like_tune(tmp_path, capsys):
     assert "class ModelNew" in out.read_text()
 
 
+def test_bench_markdown_into_a_missing_folder_creates_it(tmp_path, capsys):
+    # A FileNotFoundError traceback after the whole bench had run, like export's (issue 32).
+    target = tmp_path / "new" / "BENCH.md"
+    assert main(["bench", "kb2-22", "--shape", SMALL, "--device", "cpu", "--no-compile", "--rounds", "1",
+                 "--out", str(tmp_path / "out"), "--markdown", str(target)]) == 0
+    assert "matmul_clamp_lse_mish" in target.read_text()
+
+
 def test_export_to_a_path_that_cannot_be_written_says_why(capsys):
     assert main(["export", "gemm_bn", "--kernelbench", "/proc/x.py"]) == 2
     one_line_error(capsys, "/proc/x.py")

@@ -169,9 +169,10 @@ def _print_result(result) -> None:
         if entry is not None:
             speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""
             print(f"{label}: {entry['variant']} {_params(entry['params'])} {entry['median_ms']:.4g} ms{speedup}")
-    if result.winner is None:
-        print("no variant passed the correctness gate: nothing was recorded")
-    print(f"table: {result.table_path}")
+    if result.winner is None:  # the table was not written: naming it as "table:" said it was
+        print(f"no variant passed the correctness gate: nothing was recorded in {result.table_path}")
+    else:
+        print(f"table: {result.table_path}")
     first = f"; first entry after {result.first_entry_s:.0f} s" if result.first_entry_s is not None else ""
     print(f"tuned in {result.seconds:.0f} s{first}; what the candidates printed: {result.log_path}")
 
@@ -194,6 +195,8 @@ def _bench(args) -> None:
     from autofuse.core.listing import list_problems
     from autofuse.core.registry import get_problem
 
+    if args.markdown:  # before the bench, which can take minutes, not after it
+        _make_parent(args.markdown)
     if args.from_out:
         return _bench_markdown_from_out(args)
     if args.all == bool(args.problem):
@@ -216,6 +219,17 @@ def _bench(args) -> None:
         command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
         target.write_text(markdown(reports, command, pathlib.Path(args.out), target.parent))
         print(f"wrote {target}")
+
+
+def _make_parent(path: str) -> None:
+    """Create ``path``'s folder, as ``autofuse tune`` does its table's, or say why it cannot be."""
+    import pathlib
+
+    folder = pathlib.Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AutofuseError(f"cannot create the folder {folder} for {path}: {exc.strerror or exc}") from None
 
 
 def _bench_markdown_from_out(args) -> None:
@@ -259,21 +273,43 @@ def _report(args) -> None:
 
 
 def _show(args) -> None:
+    from autofuse.errors import TableError
+    from autofuse.serve.dispatch import bad_entry
     from autofuse.serve.table import DispatchKey, DispatchTable
 
     table = DispatchTable(args.table)
-    rows = []
+    if not table.path.exists():  # load() reads a missing file as an empty table, which a typo is not
+        raise TableError(f"dispatch table {table.path}: no such file; `autofuse tune` writes one there, "
+                         f"or name another with --table")
+    rows, unusable = [], []
     for device, problem, shape, key, entry in table.entries():
-        dkey = DispatchKey.from_str(key)
-        speedup = entry.get("speedup")
-        rows.append([device, problem, shape, f"{dkey.dtype}/{dkey.precision}/{dkey.mode}" + ("/grad" if dkey.autograd else ""),
-                     entry.get("variant"), _params(entry.get("params", {})), f"{entry.get('median_ms', float('nan')):.4g}",
-                     f"{speedup:.2f}x" if speedup else "", f"{entry.get('error') or 0:.1e}", entry.get("date", "")])
+        try:
+            dkey = DispatchKey.from_str(key)
+            key = f"{dkey.dtype}/{dkey.precision}/{dkey.mode}" + ("/grad" if dkey.autograd else "")
+        except ValueError as exc:  # shown as written, and said why (test_bad_input)
+            unusable.append(f"{device} {problem} {shape} {key}: {exc}")
+        if bad_entry(entry):
+            unusable.append(f"{device} {problem} {shape} {key}: {bad_entry(entry)}")
+        params = entry.get("params", {})
+        rows.append([device, problem, shape, key, entry.get("variant"), _params(params) if isinstance(params, dict) else repr(params),
+                     _number(entry.get("median_ms"), ".4g"), _number(entry.get("speedup") or None, ".2f", "x"),
+                     _number(entry.get("error"), ".1e"), entry.get("date", "")])
     if not rows:
         print(f"{table.path}: no entries")
         return
     print(f"{table.path}:")
     print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+    for line in unusable:
+        print(f"unusable entry (get_module passes it over): {line}")
+
+
+def _number(value, spec: str, suffix: str = "") -> str:
+    """``value`` formatted as a number, or as written where it is not one (a hand-edited table)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    return format(value, spec) + suffix
 
 
 def _export(args) -> None:

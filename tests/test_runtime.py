@@ -113,6 +113,44 @@ def test_corrupt_table_is_reported_and_left_intact(tmp_path, caplog):
     assert path.read_bytes() == garbage
 
 
+def test_a_deeply_nested_table_is_reported_like_a_corrupt_one(tmp_path, caplog):
+    # It raised RecursionError from the module's first call (issue 32).
+    path = tmp_path / "table.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    reference, module = loaded_pair("gemm_avgpool_gelu_residual")
+    module._autofuse.table = DispatchTable(path)
+    x = torch.randn(B, IN)
+    with caplog.at_level(logging.WARNING, logger="autofuse"):
+        got = module(x)
+    assert_close(got, reference(x), atol=1e-6, rtol=1e-5)
+    said = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len(said) == 1 and "nested" in said[0], caplog.text
+
+
+BAD_ENTRIES = {
+    "unknown parameter": ({"params": {"BLOCK": 256}}, "BLOCK"),
+    "negative time": ({"median_ms": -1.0}, "median_ms"),
+    "NaN time": ({"median_ms": float("nan")}, "median_ms"),
+    "string time": ({"eager_ms": "fast"}, "eager_ms"),
+}
+
+
+@pytest.mark.parametrize("fields, named", BAD_ENTRIES.values(), ids=BAD_ENTRIES.keys())
+def test_a_bad_entry_at_the_exact_shape_is_rejected_once_and_the_next_one_serves(fields, named, caplog):
+    # Such entries were accepted silently where the shape matched (issue 32): the nearest-batch
+    # path checks a configuration, the exact one did not.
+    record("matmul_gelu_softmax", B, IN, OUT, **fields)
+    record("matmul_gelu_softmax", 2 * B, IN, OUT)
+    module, x = module_for("matmul_gelu_softmax"), torch.randn(B, IN)
+    with caplog.at_level(logging.WARNING, logger="autofuse"), torch.no_grad():
+        for _ in range(3):
+            module(x)
+        info = module.dispatch_info(x)
+    assert info["source"].startswith(f"nearest batch (batch_size={2 * B},") and info["variant"] == "simplified", info
+    rejected = [r.getMessage() for r in caplog.records if named in r.getMessage()]
+    assert len(rejected) == 1, caplog.text
+
+
 def test_table_argument_is_read(tmp_path):
     path = tmp_path / "elsewhere.json"
     record("matmul_gelu_softmax", B, IN, OUT, autograd=True, path=path)

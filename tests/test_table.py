@@ -256,6 +256,11 @@ BAD_FILES = {
     "list": (b"[1, 2]", "not an autofuse dispatch table"),
     "newer": (json.dumps({"schema": SCHEMA, "version": VERSION + 1, "devices": {}}).encode(), "newer"),
     "bad layout": (json.dumps({"schema": SCHEMA, "version": VERSION, "devices": {"x": 1}}).encode(), "'x'"),
+    # json.loads raised RecursionError here, which no caller catches (issue 32).
+    "deeply nested": (b"[" * 100_000 + b"]" * 100_000, "nested"),
+    # Loads, but nested deeper than any table autofuse writes: json.dumps of it on a deeper
+    # stack (a rewrite under the lock, a module's first call) would raise RecursionError.
+    "deep entry": (_valid_document().replace('"BLOCK": 256', '"BLOCK": ' + "[" * 500 + "]" * 500).encode(), "nested"),
 }
 
 

@@ -45,6 +45,7 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import InputError
 from autofuse.serve.runtime import get_module
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.tuning import placement
 from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
 from autofuse.tuning.timed_call import forward_call, training_call
 from autofuse.tuning.timing import time_interleaved
@@ -79,21 +80,27 @@ class _Setup:
 def bench(problem: str, shape=None, *, device: str | None = None, precision: str = "fp32", mode: str | None = None,
           table=None, rounds: int = 20, use_compile: bool = True, compile_modes=COMPILE_MODES, step: str = FORWARD,
           skip_variants=()) -> list[BenchReport]:
-    """One report per shape (default: the problem's default shapes). ``use_compile=False``
-    leaves every compiled row out; ``skip_variants`` leaves those variants' rows out."""
+    """One report per shape (default: the problem's default shapes, CPU-sized ones on the CPU:
+    ``placement``). ``use_compile=False`` leaves every compiled row out, the ``compiled`` kind's
+    variant too; ``skip_variants`` leaves those variants' rows out."""
     prob = registry.get_problem(problem)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    asked, device = device, placement.resolve_device(device)
     check_dtype(torch.float32, precision)
     if step not in STEPS:
         raise InputError(f"step must be one of {STEPS}, got {step!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:  # 0: StatisticsError from the timing
+        raise InputError(f"rounds (--rounds) must be an int >= 1, got {rounds!r}")
     unknown = [m for m in compile_modes if m not in KNOWN_COMPILE_MODES]
     if use_compile and unknown:
         raise InputError(f"torch.compile modes are {KNOWN_COMPILE_MODES}, got {unknown}")
     mode = (mode or "train") if prob.mode_sensitive else "any"
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
-    shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
+    shapes = placement.shapes_to_run(prob, shape, device, asked)
     modes = tuple(compile_modes) if use_compile else ()
-    return [_bench_shape(prob, s, device, precision, mode, step, table, rounds, modes, set(skip_variants)) for s in shapes]
+    skip = set(skip_variants)
+    if not use_compile:  # the `compiled` variant is torch.compile too (test_bad_input)
+        skip |= {name for name, cls in registry.variants(prob.name).items() if cls.kind == "compiled"}
+    return [_bench_shape(prob, s, device, precision, mode, step, table, rounds, modes, skip) for s in shapes]
 
 
 def _bench_shape(prob, shape, device, precision, mode, step, table, rounds, compile_modes, skip) -> BenchReport:

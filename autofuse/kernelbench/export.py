@@ -56,7 +56,12 @@ def export_kernelbench(problem: str, out, *, table=None, precision: str = "fp32"
     table_path = None if table is None else str(pathlib.Path(table).expanduser().resolve())
     text = render(prob, table_path, precision, command)
     compile(text, str(out), "exec")  # never write a file that does not compile
-    pathlib.Path(out).write_text(text)
+    out = pathlib.Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as `autofuse tune` does for its table
+        out.write_text(text)
+    except OSError as e:
+        raise InputError(f"cannot write the ModelNew file {out}: {e.strerror or e}") from None
     return summary(prob, DispatchTable(table_path), precision)
 
 
@@ -123,12 +128,21 @@ def summary(prob, table: DispatchTable, precision: str) -> list[str]:
     if torch.cuda.is_available():
         here.add(fingerprint_key(current_fingerprint("cuda")))
     try:
-        entries = [(device, shape, DispatchKey.from_str(key), entry) for device, name, shape, key, entry in table.entries()
-                   if name == prob.name and DispatchKey.from_str(key).precision == precision]
+        found = [(device, shape, key, entry) for device, name, shape, key, entry in table.entries() if name == prob.name]
     except TableError as exc:
         return [f"warning: {exc}; ModelNew runs Model's own forward until the table can be read"]
+    entries, skipped = [], []
+    for device, shape, key, entry in found:
+        try:
+            dkey = DispatchKey.from_str(key)
+        except ValueError as exc:  # a hand edit: the runtime never looks it up (test_bad_input)
+            skipped.append(f"warning: {shape} ({key}) is never served: {exc}")
+            continue
+        if dkey.precision == precision:
+            entries.append((device, shape, dkey, entry))
     lines = [f"{shape} ({key.to_str()}): {entry.get('variant')} {entry.get('params') or ''}".rstrip()
              + ("" if device in here else f" [on {device}]") for device, shape, key, entry in entries]
+    lines += skipped
     if not any(device in here for device, *_ in entries):
         lines.append(f"warning: {table.path} holds no {precision} entry for {prob.name} on this machine: ModelNew runs "
                      f"Model's own forward until you run `autofuse tune {prob.command_name} --precision {precision}`")

@@ -106,7 +106,7 @@ def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | No
         nearest = _nearest_batch(shapes, shape, key, batch_dim)
         for skey, entry in ([(shape_key(shape), exact)] if exact is not None else []) + ([nearest] if nearest else []):
             candidate = Found(entry, precision, skey, exact_shape=skey == shape_key(shape), requested=dkey.precision)
-            reason = slower_than_reference(entry, precision, dkey.precision, device_type)
+            reason = bad_entry(entry) or slower_than_reference(entry, precision, dkey.precision, device_type)
             if reason is None:
                 found.append(candidate)
             else:
@@ -119,6 +119,23 @@ def passed_over_before(passed_over: list[tuple[int, str]], served: int | None) -
     when nothing found serves, ``served`` None): a tf32 call served by its own tf32 entry need
     not hear why a stricter fp32 entry, which ranks after it, would not have served."""
     return [reason for rank, reason in passed_over if served is None or rank <= served]
+
+
+def bad_entry(entry: dict) -> str | None:
+    """What makes ``entry`` one the tuner cannot have written (a hand edit, a foreign tool), or None:
+    no variant name, a time that is not a finite number >= 0 (``None``: not measured), params that
+    are not an object."""
+    if not isinstance(entry.get("variant"), str) or not entry["variant"]:
+        return f"its variant must be a variant's name, got {entry.get('variant')!r}"
+    for field, value in entry.items():
+        if not field.endswith(("_ms", "_s")) or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            return f"its {field} must be a finite number >= 0, got {value!r}"
+    params = entry.get("params", {})
+    if not isinstance(params, dict):
+        return f"its params must be an object, got {params!r}"
+    return None
 
 
 def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: str) -> str | None:

@@ -310,7 +310,8 @@ class Dispatcher:
             params = entry.get("params", {})
             if not candidate.exact_shape:
                 params = variant_cls.params_elsewhere(params)
-                check_params(variant_cls, params, shape, device.type)
+            check_params(variant_cls, params, shape, device.type)  # at the exact shape too: test_runtime
+            if not candidate.exact_shape:
                 reason = variant_cls.only_where_gated(params)
                 if reason is not None:
                     raise ValueError(f"{reason}; it was gated at {candidate.shape}, not this shape")

@@ -34,6 +34,12 @@ DTYPES = ("float32", "bfloat16")
 PRECISIONS = ("ieee", "fp32", "tf32", "bf16")  # autofuse.core.precision.PRECISIONS, without importing torch
 MODES = ("train", "eval", "any")
 
+# Levels of nesting a table may have: a written one has about a dozen (devices, problems, shapes,
+# keys, entry, candidates, params). A document nested deeper is not one autofuse wrote, and
+# json.dumps of it from a deep stack (a rewrite under the lock, a module's first call) would
+# raise RecursionError (issue 32); json.loads raises it already past about 990 levels.
+MAX_DEPTH = 64
+
 # Seconds a writer waits for another writer; a tuner records in bursts of milliseconds,
 # so a minute of waiting means a stuck process, not contention.
 LOCK_TIMEOUT_S = 60.0
@@ -179,6 +185,8 @@ def _layout_problem(doc) -> str | None:
         return f"its version {version!r} is not a positive integer"
     if version > VERSION:
         return f"it has version {version}, newer than this autofuse reads ({VERSION}); upgrade autofuse"
+    if _deeper_than(doc, MAX_DEPTH):
+        return f"it is nested more than {MAX_DEPTH} levels deep, deeper than any table autofuse writes"
     devices = doc.get("devices")
     if not isinstance(devices, dict):
         return f"its 'devices' is {type(devices).__name__}, expected an object"
@@ -190,6 +198,18 @@ def _layout_problem(doc) -> str | None:
             if not all(isinstance(keys, dict) and all(isinstance(e, dict) for e in keys.values()) for keys in entries):
                 return f"problem {problem!r} of device {fkey!r} is not shape -> dispatch key -> entry objects"
     return None
+
+
+def _deeper_than(doc, limit: int) -> bool:
+    """Whether ``doc`` nests objects and arrays more than ``limit`` levels (without recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            if level > limit:
+                return True
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
 
 
 class DispatchTable:
@@ -220,6 +240,8 @@ class DispatchTable:
             doc = json.loads(raw)
         except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for binary garbage
             raise self._fail(f"it is not valid JSON, corrupt or truncated ({e})") from None
+        except RecursionError:
+            raise self._fail(f"it is nested too deeply for JSON to read (a table is nested at most {MAX_DEPTH} levels)") from None
         problem = _layout_problem(doc)
         if problem is not None:
             raise self._fail(problem)

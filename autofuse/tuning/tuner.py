@@ -30,8 +30,9 @@ from autofuse.core import registry
 from autofuse.core.precision import check_dtype, check_precision, dtype_name, parse_dtype
 from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
+from autofuse.serve.dispatch import bad_entry
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tuning import parallel
+from autofuse.tuning import parallel, placement
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
@@ -89,7 +90,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
          storage=None, workers: int = 1, progress: bool = True, budget: str = "quick") -> list[TuneResult]:
-    """Tune ``problem`` at ``shape`` (default: each of its default shapes); see the module docstring.
+    """Tune ``problem`` at ``shape`` (default: each of its default shapes, which on the CPU must be
+    CPU-sized: ``placement``); see the module docstring.
 
     ``timeout`` bounds each shape's search in seconds (finishing the trial in flight);
     ``trial_timeout`` bounds one candidate. ``storage`` is a study storage URL
@@ -99,14 +101,16 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     (``autofuse.tuning.budget``). Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
-    shapes = [prob.normalize_shape(shape)] if shape is not None else [dict(s) for s in prob.default_shapes]
-    settings = _settings(prob, device, dtype, precision, mode, seed)
+    _check_limits(n_trials, timeout, trial_timeout)
+    resolved = placement.resolve_device(device)
+    shapes = placement.shapes_to_run(prob, shape, resolved, asked=device)
+    settings = _settings(prob, resolved, dtype, precision, mode, seed)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers must be an int >= 1, got {workers!r}")
     url = os.fspath(storage) if isinstance(storage, (str, os.PathLike)) else None
     if workers > 1 and storage is not None and url is None:
         raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
-    get_budget(budget)  # an unknown name fails here, before any work
+    get_budget(budget)  # an unknown budget name fails here, before any work
     plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
                 backend=open_storage(storage))  # a bad URL fails here, before any work
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
@@ -114,10 +118,18 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
 
 
-def _settings(prob: Problem, device, dtype, precision, mode, seed) -> dict:
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} asked for, but torch.cuda.is_available() is False here")
+def _check_limits(n_trials, timeout, trial_timeout) -> None:
+    """Refuse limits that measure nothing: 0 or -1 trials once ended 'no variant passed the
+    correctness gate' with a -1/-1 progress bar, a trial timeout of 0 killed every candidate."""
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+        raise InputError(f"n_trials (--trials) must be an int >= 1, got {n_trials!r}")
+    for name, flag, seconds in (("timeout", "--timeout", timeout), ("trial_timeout", "--trial-timeout", trial_timeout)):
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+            raise InputError(f"{name} ({flag}) must be a number > 0, got {seconds!r}")
+
+
+def _settings(prob: Problem, device: str, dtype, precision, mode, seed) -> dict:
+    """The job's settings; ``device`` is ``placement.resolve_device``'s."""
     check_precision(precision)
     check_dtype(parse_dtype(dtype), precision)
     if mode is None:
@@ -288,6 +300,8 @@ def _recorded(table, fingerprint, prob, shape, key, autograd_entry):
     grad = grad if autograd_entry else None
     if entry is None or (autograd_entry and grad is None):
         return None
+    if any(e is not None and bad_entry(e) for e in (entry, grad)):
+        return None  # edited by hand, say: measured and written again (test_cli)
     return entry, grad
 
 
@@ -299,7 +313,8 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
         entries = _recorded_entries(table, fingerprint, prob, shape, key)
     except TableError:
         return []  # a corrupt table is reported when the result is recorded
-    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries if entry is not None]
+    return [(entry["variant"], dict(entry.get("params") or {})) for entry in entries
+            if entry is not None and not bad_entry(entry)]  # a bad one is replaced, not read (test_cli)
 
 
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
@@ -399,7 +414,11 @@ def _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner)
         return []
     notes = []
     for previous, new, what in zip(recorded, (winner, grad_winner), ("entry", "autograd entry")):
-        if not previous or not new or previous.get("variant") in new.get("candidates", {}):
+        if previous and new and bad_entry(previous):
+            notes.append(f"{prob.name} {shape_key(shape)} {what}: the recorded one was unusable "
+                         f"({bad_entry(previous)}) and is replaced by {new['variant']}")
+            continue
+        if not previous or not new or previous["variant"] in new.get("candidates", {}):
             continue
         was, now = previous.get("median_ms"), new.get("median_ms")
         if isinstance(was, (int, float)) and isinstance(now, (int, float)) and was < now:

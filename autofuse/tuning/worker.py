@@ -19,8 +19,17 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+if __name__ == "__main__":
+    # Ctrl-C reaches the terminal's whole process group, this child too, but the parent alone
+    # answers it: it closes the connection, and this child ends at EOF (or is killed 2 s later).
+    # Interrupted as well, the child printed a ConnectionResetError or BrokenPipeError traceback
+    # after the parent's clean message (test_bad_input). Set before the imports below (torch),
+    # and as a handler, not SIG_IGN, which the compilers this child starts would inherit. The
+    # child stays in the parent's process group: tune-on-miss kills a background tune by its group.
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+
 # Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
-from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: F401
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: E402, F401
 
 STARTUP_TIMEOUT_S = 300.0
 
@@ -125,7 +134,10 @@ def _serve(conn) -> None:
 
 
 def main(argv: list[str]) -> None:
-    _serve(Connection(int(argv[0])))
+    try:
+        _serve(Connection(int(argv[0])))
+    except (ConnectionError, EOFError):
+        pass  # the parent closed the connection (interrupted, or replacing this worker): nothing to say
 
 
 def _redirect_output(path: str) -> None:

@@ -11,7 +11,8 @@ before the GEMM's launch is time the GPU waits.
 ``Launcher`` keeps that ``CompiledKernel`` under its own key and calls it directly. The key is
 stricter than Triton's: a tensor's dtype and alignment, as Triton's, but the value itself of
 every other argument (ints, floats, constexprs, launch options) and a descriptor's dtype
-and block shape (its shape and strides are launch arguments). So a hit always has the
+and block shape (its shape and strides are launch arguments); a tuple's items are keyed so, one
+by one, as Triton specializes them. So a hit always has the
 kernel Triton would have picked, and a miss goes through ``JITFunction`` (compiling if Triton
 must) and remembers what it returned. It steps aside for launch hooks (profilers), pre-run hooks,
 a callable grid, and Triton's interpreter (whose kernels are not ``JITFunction``s). Triton's
@@ -50,6 +51,24 @@ class _Layout:
         return (self.plain(values),
                 tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in self.tensors(values)]),
                 tuple([(d.base.dtype, tuple(d.block_shape), d.padding) for d in self.descriptors(values)]))
+
+
+class _Items(int):
+    """Where ``_spread`` took a tuple's items out: their count, of a type no argument has."""
+
+
+def _spread(values: list) -> list:
+    """``values`` with each tuple (nested ones too) replaced by its ``_Items`` and its items
+    appended, for the key: Triton specializes a tuple's items one by one, as arguments (a tensor
+    by dtype and alignment), so a tuple holding this call's tensors keys as the last call's did."""
+    i = 0
+    while i < len(values):
+        if type(values[i]) is tuple:
+            items = values[i]
+            values[i] = _Items(len(items))
+            values.extend(items)
+        i += 1
+    return values
 
 
 def _getter(indices: list[int]):
@@ -102,10 +121,14 @@ class Launcher:
         options = kwargs.keys() - self._params
         options = tuple(sorted((k, kwargs[k]) for k in options)) if options else ()
         types = tuple(map(type, values))  # with the plain values' own, this tells 1, 1.0 and True apart
+        keyed = values
+        if tuple in types:  # the epilogue's arguments (gemm.persistent_gemm)
+            keyed = _spread(list(values))
+            types = tuple(map(type, keyed))
         layout = self._layouts.get(types) or self._layouts.setdefault(types, _Layout(types))
         device = driver.active.get_current_device()
         try:
-            key = (device, options, types, layout.key(values))
+            key = (device, options, types, layout.key(keyed))
             kernel = self._kernels.get(key)
         except TypeError:  # an unhashable argument: Triton's own path
             self.fn[grid](*args, **kwargs)
@@ -137,3 +160,8 @@ class Kernels:
             value = Launcher(value)
         setattr(self, name, value)  # found once: later lookups skip __getattr__
         return value
+
+    def epilogue(self, name: str) -> Any:
+        """The module's ``@triton.jit`` function ``name`` itself, not a launcher: an epilogue, which
+        ``gemm.persistent_gemm`` takes as a constant argument."""
+        return getattr(self._module, name)

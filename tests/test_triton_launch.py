@@ -130,6 +130,7 @@ def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypa
     assert isinstance(kernels.tf32_parts, Launcher)
     assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
+    assert kernels.epilogue("store_tile") is module.store_tile  # an epilogue, passed as a constant: not wrapped
 
 
 def recorded_gemm(monkeypatch):

@@ -38,37 +38,32 @@ MAX_KEYS = 256  # keys per kernel before the cache starts over (a float that cha
 
 
 class _Layout:
-    """Where an argument list of one sequence of types holds tensors and descriptors: the rest
-    (ints, floats, strings, None, constexprs) goes into the key by value, in one C-level step."""
+    """Where an argument list of one sequence of types holds tensors, descriptors and tuples: the
+    rest (ints, floats, strings, None, constexprs) goes into the key by value, in one C-level step.
+    A tuple's items are keyed as arguments are, by a layout of their own types, as Triton
+    specializes them one by one (``gemm.persistent_gemm``'s epilogue arguments): the tuple's value
+    would hold this call's tensors, a key no later call has."""
 
     def __init__(self, types: tuple[type, ...]):
         tensors = [i for i, t in enumerate(types) if issubclass(t, torch.Tensor)]
         descriptors = [i for i, t in enumerate(types) if issubclass(t, TensorDescriptor)]
-        plain = [i for i in range(len(types)) if i not in tensors and i not in descriptors]
-        self.tensors, self.descriptors, self.plain = (_getter(i) for i in (tensors, descriptors, plain))
+        tuples = [i for i, t in enumerate(types) if issubclass(t, tuple)]
+        plain = [i for i in range(len(types)) if i not in tensors + descriptors + tuples]
+        self.tensors, self.descriptors, self.tuples, self.plain = (
+            _getter(i) for i in (tensors, descriptors, tuples, plain))
+        self.nested = bool(tuples)
+        self._items: dict[tuple[type, ...], _Layout] = {}
 
-    def key(self, values: list) -> tuple:
-        return (self.plain(values),
-                tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in self.tensors(values)]),
-                tuple([(d.base.dtype, tuple(d.block_shape), d.padding) for d in self.descriptors(values)]))
-
-
-class _Items(int):
-    """Where ``_spread`` took a tuple's items out: their count, of a type no argument has."""
-
-
-def _spread(values: list) -> list:
-    """``values`` with each tuple (nested ones too) replaced by its ``_Items`` and its items
-    appended, for the key: Triton specializes a tuple's items one by one, as arguments (a tensor
-    by dtype and alignment), so a tuple holding this call's tensors keys as the last call's did."""
-    i = 0
-    while i < len(values):
-        if type(values[i]) is tuple:
-            items = values[i]
-            values[i] = _Items(len(items))
-            values.extend(items)
-        i += 1
-    return values
+    def key(self, values) -> tuple:
+        key = (self.plain(values),
+               tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in self.tensors(values)]),
+               tuple([(d.base.dtype, tuple(d.block_shape), d.padding) for d in self.descriptors(values)]))
+        if self.nested:
+            for items in self.tuples(values):
+                types = tuple(map(type, items))
+                layout = self._items.get(types) or self._items.setdefault(types, _Layout(types))
+                key += (types, layout.key(items))
+        return key
 
 
 def _getter(indices: list[int]):
@@ -121,14 +116,10 @@ class Launcher:
         options = kwargs.keys() - self._params
         options = tuple(sorted((k, kwargs[k]) for k in options)) if options else ()
         types = tuple(map(type, values))  # with the plain values' own, this tells 1, 1.0 and True apart
-        keyed = values
-        if tuple in types:  # the epilogue's arguments (gemm.persistent_gemm)
-            keyed = _spread(list(values))
-            types = tuple(map(type, keyed))
         layout = self._layouts.get(types) or self._layouts.setdefault(types, _Layout(types))
         device = driver.active.get_current_device()
         try:
-            key = (device, options, types, layout.key(keyed))
+            key = (device, options, types, layout.key(values))
             kernel = self._kernels.get(key)
         except TypeError:  # an unhashable argument: Triton's own path
             self.fn[grid](*args, **kwargs)

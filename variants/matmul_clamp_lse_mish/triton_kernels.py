@@ -5,9 +5,10 @@ accumulator, + bias, × t, clamp, and per row of the tile the pair (max, Σ exp(
 logits never reach memory (unless a gradient needs them: y_ptr, or under bf16 q_ptr: their
 softmax factors relative to the tile's max, in bfloat16). ``lse_mish_finish``: per row, the
 pairs merged with the max subtracted (no overflow at any clamp bound), z = max + log Σ,
-out = z·mish(z); z is kept for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t
-in tiles, h'(z) included, written in the layouts the backward's GEMMs want (``store_gradient``);
-``clamp_lse_backward_from_q`` the same from the bf16 forward's saved softmax factors (q_ptr).
+out = z·mish(z); z is kept for the backward. ``clamp_lse_backward``:
+∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t in tiles, h'(z) included, written in the
+layouts the backward's GEMMs want (``store_gradient``); ``clamp_lse_backward_from_q`` the same
+from the bf16 forward's saved softmax factors (q_ptr).
 """
 
 import triton

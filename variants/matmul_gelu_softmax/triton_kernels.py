@@ -2,8 +2,9 @@
 
 ``gelu_partials``: the epilogue of the shared main loop (``persistent_gemm``): from the
 accumulator, + bias, exact GELU, the logits stored once, and per row of the tile the
-online-softmax partial (max, Σ exp(v − max)) over the tile's columns. ``softmax_normalize``: per row, the partials merged with the max
-subtracted (no overflow at any magnitude), then out = exp(v − max) / Σ over the row, in place.
+online-softmax partial (max, Σ exp(v − max)) over the tile's columns. ``softmax_normalize``:
+per row, the partials merged with the max subtracted (no overflow at any magnitude), then
+out = exp(v − max) / Σ over the row, in place.
 ``softmax_grad_rows`` and ``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the
 row sums by one program per row, then dy in tiles, written in the layouts the backward's GEMMs
 want (``store_gradient``).

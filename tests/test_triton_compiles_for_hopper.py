@@ -57,6 +57,9 @@ class _Recorder:
         value = getattr(self._module, name)
         return _Launch(self._record, value) if isinstance(value, triton.runtime.jit.JITFunction) else value
 
+    def epilogue(self, name):
+        return getattr(self._module, name)
+
 
 def _on_any_device(*tensors, dtypes=(torch.float32,)):
     """``fused_kernels_apply`` without its device check: the backward's Triton passes are recorded on the CPU."""
@@ -94,7 +97,9 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
 
 def compile_for_hopper(fn, args, kwargs):
     """triton.compile of one recorded launch for sm_90, its arguments typed as Triton types them (without
-    the 16-byte divisibility hints it adds for aligned pointers: they change load widths, not buffers)."""
+    the 16-byte divisibility hints it adds for aligned pointers: they change load widths, not buffers).
+    A tuple's items are typed one by one, its None items constants under their index paths, as Triton's
+    own launch makes them (``persistent_gemm``'s epilogue arguments)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -109,7 +114,18 @@ def compile_for_hopper(fn, args, kwargs):
             signature[param.name], constants[param.name] = "constexpr", value
         else:
             signature[param.name] = mangle_type(value)
+            if isinstance(value, tuple):
+                constants.update(_constant_items(value, signature[param.name], (param.num,)))
     return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _constant_items(value, types, path):
+    """(index path, item) of each item of a tuple argument that Triton makes a constant (None)."""
+    for i, (item, ty) in enumerate(zip(value, types)):
+        if isinstance(ty, tuple):
+            yield from _constant_items(item, ty, (*path, i))
+        elif ty == "constexpr":
+            yield (*path, i), item
 
 
 def configurations(problem, precision):
@@ -142,7 +158,7 @@ def test_every_forward_kernel_compiles_for_hopper_within_its_shared_memory(monke
                     f"{fn.__name__} at {params} (gradient {grad}): {kernel.metadata.shared} bytes of shared memory, "
                     f"an H100 block has {H100_SHARED}")
     names = {name for name, _, _ in compiled}
-    assert any("gemm" in name for name in names), names  # the GEMM itself was among them
+    assert "persistent_gemm" in names, names  # the GEMM itself was among them, through the shared main loop
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
@@ -156,4 +172,4 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
         names.add(fn.__name__)
     assert names, problem
     if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
-        assert {"gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here
+        assert {"persistent_gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here

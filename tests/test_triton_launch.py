@@ -130,39 +130,81 @@ def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypa
     assert isinstance(kernels.tf32_parts, Launcher)
     assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
+    assert kernels.epilogue("store_tile") is module.store_tile  # an epilogue, passed as a constant: not wrapped
+
+
+def recorded_gemm(monkeypatch):
+    """(a Launcher of the real ``persistent_gemm`` whose JIT path is recorded, the JIT calls, the
+    kernel, the gemm module), compiled mode."""
+    from triton.runtime.jit import JITFunction
+
+    from autofuse.kernels.triton import launch as triton_launch
+
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    fn = gemm.persistent_gemm
+    assert isinstance(fn, JITFunction)
+    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
+    kernel, jit_calls = FakeKernel(), []
+    monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(kwargs) or kernel)
+    return triton_launch.Launcher(fn), jit_calls, kernel, gemm
+
+
+def gemm_arguments(gemm, x_desc=None, w_desc=None, epilogue_args=(), epilogue="store_tile"):
+    """Keyword arguments of ``persistent_gemm`` at M, N, K = 40, 48, 64 (TMA with descriptors, else
+    pointer loads), with ``epilogue`` and its ``epilogue_args``."""
+    tma = x_desc is not None
+    return dict(x_ptr=None if tma else torch.zeros(40, 64), x_lo_ptr=None, w_ptr=None if tma else torch.zeros(48, 64),
+                w_lo_ptr=None, x_desc=x_desc, x_lo_desc=None, w_desc=w_desc, w_lo_desc=None, x_scale_ptr=None,
+                w_scale_ptr=None, M=40, N=48, K=64, epilogue_args=epilogue_args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16,
+                GROUP_M=2, MODE="tf32", TMA=tma, EVEN_K=True, INTERPRET=False, EPILOGUE=getattr(gemm, epilogue),
+                num_warps=4, num_stages=2)
+
+
+def test_a_tuple_argument_is_keyed_by_its_items(monkeypatch):
+    """Triton specializes each item of a tuple argument (``persistent_gemm``'s epilogue arguments)
+    as it would an argument: another tensor of the same dtype and alignment in it launches the kept
+    kernel; another dtype or alignment, None, an int for a float or another length goes back to the
+    JIT path. (A tuple keyed by its tensors' identity would miss at every call.)"""
+    launch, jit_calls, kernel, gemm = recorded_gemm(monkeypatch)
+    first, other = torch.zeros(40, 48), torch.ones(40, 48)
+    launch[(4,)](**gemm_arguments(gemm, epilogue_args=(first, 1.0)))
+    launch[(4,)](**gemm_arguments(gemm, epilogue_args=(other, 1.0)))  # a float is keyed by value
+    assert len(jit_calls) == 1 and len(kernel.launches) == 1
+    args = kernel.launches[0][2]
+    assert args[gemm.persistent_gemm.arg_names.index("epilogue_args")] == (other, 1.0)  # the tuple as it was
+    changes = [(first.double(), 1.0), (torch.zeros(40 * 48 + 1)[1:].view(40, 48), 1.0), (None, 1.0), (first, 1),
+               (first, 1.0, None), ((first, 1.0),)]
+    for i, changed in enumerate(changes):
+        launch[(4,)](**gemm_arguments(gemm, epilogue_args=changed))
+        assert len(jit_calls) == 2 + i, changed
+    assert len(kernel.launches) == 1
+
+
+def test_the_epilogue_is_keyed_by_which_function_it_is(monkeypatch):
+    launch, jit_calls, kernel, gemm = recorded_gemm(monkeypatch)
+    out = torch.zeros(40, 48)
+    launch[(4,)](**gemm_arguments(gemm, epilogue_args=(out,)))
+    launch[(4,)](**gemm_arguments(gemm, epilogue_args=(out,), epilogue="tile_coords"))  # another function
+    assert len(jit_calls) == 2 and kernel.launches == []
 
 
 def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkeypatch):
     """Triton compiles a descriptor's dtype and block shape in, and takes its base, shape and
     strides at launch: another block shape goes back to the JIT path, another tensor does not.
     (M stays 40 here: an int is keyed by its value, stricter than Triton.)"""
-    from triton.runtime.jit import JITFunction
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from autofuse.kernels.triton import launch as triton_launch
-
-    kernels = compiled_module(monkeypatch, "autofuse.variants.matmul_clamp_lse_mish.triton_kernels")
-    fn = kernels.gemm_clamp_lse_partials
-    assert isinstance(fn, JITFunction)
-    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
-    kernel, jit_calls = FakeKernel(), []
-    monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(kwargs) or kernel)
-    launch = triton_launch.Launcher(fn)
+    launch, jit_calls, kernel, gemm = recorded_gemm(monkeypatch)
+    out = torch.zeros(40, 48)
 
     def call(x, w, block_k):
-        launch[(4,)](x_ptr=None, x_lo_ptr=None, w_ptr=None, w_lo_ptr=None,
-                     x_desc=TensorDescriptor.from_tensor(x, [16, block_k]), x_lo_desc=None,
-                     w_desc=TensorDescriptor.from_tensor(w, [16, block_k]), w_lo_desc=None, x_scale_ptr=None,
-                     w_scale_ptr=None,
-                     bias_ptr=torch.zeros(48), y_ptr=torch.zeros(48), q_ptr=torch.zeros(48), part_max_ptr=torch.zeros(40, 3),
-                     part_sum_ptr=torch.zeros(40, 3), t=2.0, lo=-1.0, hi=1.0, M=40, N=48, K=64, BLOCK_M=16,
-                     BLOCK_N=16, BLOCK_K=16, GROUP_M=2, MODE="tf32", TMA=True, EVEN_K=True, INTERPRET=False,
-                     SAVE_Y=False, SAVE_Q=False, num_warps=4, num_stages=2)
+        launch[(4,)](**gemm_arguments(gemm, TensorDescriptor.from_tensor(x, [16, block_k]),
+                                      TensorDescriptor.from_tensor(w, [16, block_k]), (out,)))
 
     call(torch.zeros(40, 64), torch.zeros(48, 64), 16)
     call(torch.ones(24, 64), torch.ones(48, 64), 16)  # other tensors, another descriptor shape: launch arguments
     assert len(jit_calls) == 1 and len(kernel.launches) == 1
     args = kernel.launches[0][2]
-    assert args[fn.arg_names.index("x_desc")].base.shape == (24, 64)
+    assert args[gemm.persistent_gemm.arg_names.index("x_desc")].base.shape == (24, 64)
     call(torch.zeros(40, 64), torch.zeros(48, 64), 32)  # another block shape: compiled in
     assert len(jit_calls) == 2

@@ -3,10 +3,10 @@
 Eval (running statistics): out = z·k + shift per column, k = s·γ/√(running_var + eps) and
 shift = (b·s − running_mean)·γ/√(running_var + eps) + β (``cuda_fused.eval_coefficients``,
 cached until a parameter or running statistic changes), applied to the accumulator in registers
-(``gemm_affine``): the GEMM and nothing else.
+(the epilogue ``affine``): the GEMM and nothing else.
 
 Training (batch statistics): with z = x·Wᵀ the bias cancels and out = (z − μ)·coef + β, coef =
-s·γ/√(s²σ² + eps) (see cuda_fused.py). The GEMM's epilogue (``gemm_column_partials``) computes per
+s·γ/√(s²σ² + eps) (see cuda_fused.py). The GEMM's epilogue (``column_partials``) computes per
 column and row tile the tile's (mean, M2), a two-pass over the accumulator, and stores z less the
 tile's mean; ``bn_finish`` merges a column's tiles with Chan's update (stable at any mean),
 updates the running statistics exactly as nn.BatchNorm1d does (num_batches_tracked here on the
@@ -80,10 +80,8 @@ class TritonGemmBn(TritonVariant):
         (batch, n_in), n_out = x.shape, w.shape[0]
         k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
         out = torch.empty(batch, n_out, device=x.device)
-        z = torch.empty_like(out) if save else out  # out: an unused pointer
-        self.module().gemm_affine[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), k_ptr=k, shift_ptr=shift, out_ptr=out, z_ptr=z, M=batch, N=n_out, K=n_in,
-            SAVE_Z=save)
+        z = torch.empty_like(out) if save else None  # None: not stored
+        self.launch_gemm("affine", xs, weights, (k, shift, out, z))
         return out, ((x, w, z, k) if save else ())
 
     def _train(self, model, ops, x, weight, save):
@@ -95,9 +93,7 @@ class TritonGemmBn(TritonVariant):
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype)
         part_mean = torch.empty(row_tiles, n_out, device=x.device)
         part_m2 = torch.empty_like(part_mean)
-        kernels.gemm_column_partials[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), z_ptr=z, part_mean_ptr=part_mean, part_m2_ptr=part_m2,
-            M=batch, N=n_out, K=n_in)
+        self.launch_gemm("column_partials", xs, weights, (z, part_mean, part_m2))
         var, coef = torch.empty(2, n_out, device=x.device)
         update = ops.running_mean is not None
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed

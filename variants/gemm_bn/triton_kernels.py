@@ -1,7 +1,8 @@
 """Triton kernels of ``gemm_bn`` (imported by triton_gemm.py when it is built).
 
-Eval: ``gemm_affine`` applies out = z·k + shift per column to the accumulator in registers.
-Training: ``gemm_column_partials`` computes, per column and row tile, the tile's (mean, M2)
+The GEMM is the shared main loop (``persistent_gemm``) with one of two epilogues.
+Eval: ``affine`` applies out = z·k + shift per column to the accumulator in registers.
+Training: ``column_partials`` computes, per column and row tile, the tile's (mean, M2)
 from a two-pass over the accumulator (tile mean, then Σ(z − mean)²; rows past the batch
 excluded) and stores z less its tile's mean (in z's dtype: float32, or bfloat16 under bf16).
 ``bn_finish`` merges a column's tiles with Chan's parallel update (stable at any mean; never
@@ -17,60 +18,36 @@ BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import store_gradient, tile_accumulator, tile_coords
+from autofuse.kernels.triton.gemm import store_gradient
 
 
 @triton.jit
-def gemm_affine(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                x_scale_ptr, w_scale_ptr, k_ptr, shift_ptr, out_ptr,
-                z_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                INTERPRET: tl.constexpr, SAVE_Z: tl.constexpr):
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
-                               w_scale_ptr, M, N, K,
-                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               MODE, TMA, EVEN_K, INTERPRET)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = rn < N
-        k = tl.load(k_ptr + rn, mask=col_ok, other=0.0)
-        shift = tl.load(shift_ptr + rn, mask=col_ok, other=0.0)
-        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
-        mask = (rm < M)[:, None] & col_ok[None, :]
-        tl.store(out_ptr + offsets, acc * k[None, :] + shift[None, :], mask=mask)
-        if SAVE_Z:
-            tl.store(z_ptr + offsets, acc, mask=mask)
+def affine(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """Eval's epilogue (``persistent_gemm``): out = z·k + shift per column; z itself too where
+    a gradient needs it (z_ptr not None). args: (k_ptr, shift_ptr, out_ptr, z_ptr)."""
+    k_ptr, shift_ptr, out_ptr, z_ptr = args
+    k = tl.load(k_ptr + rn, mask=col_ok, other=0.0)
+    shift = tl.load(shift_ptr + rn, mask=col_ok, other=0.0)
+    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(out_ptr + offsets, acc * k[None, :] + shift[None, :], mask=mask)
+    if z_ptr is not None:
+        tl.store(z_ptr + offsets, acc, mask=mask)
 
 
 @triton.jit
-def gemm_column_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                         x_scale_ptr, w_scale_ptr, z_ptr,
-                         part_mean_ptr, part_m2_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
-                         EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
-                               w_scale_ptr, M, N, K,
-                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               MODE, TMA, EVEN_K, INTERPRET)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rm < M
-        col_ok = rn < N
-        rows = tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float32)
-        tile_mean = tl.sum(tl.where(row_ok[:, None], acc, 0.0), axis=0) / rows
-        centred = tl.where(row_ok[:, None], acc - tile_mean[None, :], 0.0)
-        tl.store(part_mean_ptr + pid_m * N + rn, tile_mean, mask=col_ok)
-        tl.store(part_m2_ptr + pid_m * N + rn, tl.sum(centred * centred, axis=0), mask=col_ok)
-        tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], centred.to(z_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """Training's epilogue (``persistent_gemm``): the tile's (mean, M2) per column into row pid_m
+    of the partials, and z less its tile's mean. args: (z_ptr, part_mean_ptr, part_m2_ptr)."""
+    z_ptr, part_mean_ptr, part_m2_ptr = args
+    BLOCK_M: tl.constexpr = acc.shape[0]
+    rows = tl.minimum(M - pid_m * BLOCK_M, BLOCK_M).to(tl.float32)
+    tile_mean = tl.sum(tl.where(row_ok[:, None], acc, 0.0), axis=0) / rows
+    centred = tl.where(row_ok[:, None], acc - tile_mean[None, :], 0.0)
+    tl.store(part_mean_ptr + pid_m * N + rn, tile_mean, mask=col_ok)
+    tl.store(part_m2_ptr + pid_m * N + rn, tl.sum(centred * centred, axis=0), mask=col_ok)
+    tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], centred.to(z_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """``matmul_clamp_lse_mish``, Triton: a tensor-core GEMM whose epilogue reduces each row to a pair.
 
 y = clamp(t·(x·Wᵀ + b), lo, hi) with t = 2s (``x * s`` then ``x + x``; doubling is exact), then
-z = logsumexp(y) per row and z·mish(z). The GEMM's epilogue (``gemm_clamp_lse_partials``) takes
+z = logsumexp(y) per row and z·mish(z). The GEMM's epilogue (``clamp_lse_partials``) takes
 the float32 accumulator in registers, adds the bias, scales, clamps and leaves per row and column
 tile the pair (max, Σ exp(v − max)); ``lse_mish_finish`` merges a row's pairs with the max
 subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch × hidden) logits
@@ -53,14 +53,12 @@ class TritonClampLseMish(TritonVariant):
         kernels = self.module()
         tiles = -(-n_out // self.params["block_n"])
         save_y, save_q = save and parts is None, save and parts is not None
-        y = torch.empty(batch, n_out, device=x.device) if save_y else b  # b: an unused pointer
-        q = torch.empty(batch, n_out, device=x.device, dtype=torch.bfloat16) if save_q else b
+        y = torch.empty(batch, n_out, device=x.device) if save_y else None  # None: not stored
+        q = torch.empty(batch, n_out, device=x.device, dtype=torch.bfloat16) if save_q else None
         part_max = torch.empty(batch, tiles, device=x.device)
         part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
-        kernels.gemm_clamp_lse_partials[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), bias_ptr=b, y_ptr=y, q_ptr=q, part_max_ptr=part_max, part_sum_ptr=part_sum,
-            t=t, lo=lo, hi=hi, M=batch, N=n_out, K=n_in, SAVE_Y=save_y, SAVE_Q=save_q)
+        self.launch_gemm("clamp_lse_partials", xs, weights, (b, y, q, part_max, part_sum, t, lo, hi))
         z = torch.empty(batch, 1, device=x.device)
         out = torch.empty_like(z)
         kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, tiles,

@@ -1,56 +1,45 @@
 """Triton kernels of ``matmul_clamp_lse_mish`` (imported by triton_gemm.py when it is built).
 
-``gemm_clamp_lse_partials``: the shared main loop, then from the accumulator: + bias, × t,
-clamp, and per row of the tile the pair (max, Σ exp(v − max)); the logits never reach memory
-(unless a gradient needs them: SAVE_Y, or under bf16 SAVE_Q: their softmax factors relative to
-the tile's max, in bfloat16). ``lse_mish_finish``: per row, the pairs merged with the
-max subtracted (no overflow at any clamp bound), z = max + log Σ, out = z·mish(z); z is kept
-for the backward. ``clamp_lse_backward``: ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t
-in tiles, h'(z) included, written in the layouts the backward's GEMMs want (``store_gradient``);
-``clamp_lse_backward_from_q`` the same from the bf16 forward's saved softmax factors (SAVE_Q).
+``clamp_lse_partials``: the epilogue of the shared main loop (``persistent_gemm``): from the
+accumulator, + bias, × t, clamp, and per row of the tile the pair (max, Σ exp(v − max)); the
+logits never reach memory (unless a gradient needs them: y_ptr, or under bf16 q_ptr: their
+softmax factors relative to the tile's max, in bfloat16). ``lse_mish_finish``: per row, the
+pairs merged with the max subtracted (no overflow at any clamp bound), z = max + log Σ,
+out = z·mish(z); z is kept for the backward. ``clamp_lse_backward``:
+∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t in tiles, h'(z) included, written in the
+layouts the backward's GEMMs want (``store_gradient``); ``clamp_lse_backward_from_q`` the same
+from the bf16 forward's saved softmax factors (q_ptr).
 """
 
 import triton
 import triton.language as tl
 
 # parts_block is imported for the variant, which sizes its launches through this module.
-from autofuse.kernels.triton.gemm import exp_nonpositive, parts_block, store_gradient, tile_accumulator, tile_coords  # noqa: F401
+from autofuse.kernels.triton.gemm import exp_nonpositive, parts_block, store_gradient  # noqa: F401
 
 
 @triton.jit
-def gemm_clamp_lse_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                            x_scale_ptr, w_scale_ptr, bias_ptr, y_ptr,
-                            q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi, M, N, K, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr,
-                            TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr,
-                            SAVE_Q: tl.constexpr):
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
-                               w_scale_ptr, M, N, K,
-                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               MODE, TMA, EVEN_K, INTERPRET)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rm < M
-        col_ok = rn < N
-        y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
-        v = tl.minimum(tl.maximum(y * t, lo), hi)
-        live = tl.where(col_ok[None, :], v, float("-inf"))
-        tile_max = tl.max(live, axis=1)
-        e = exp_nonpositive(live - tile_max[:, None])
-        tile_sum = tl.sum(e, axis=1)
-        tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
-        tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
-        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
-        if SAVE_Y:
-            tl.store(y_ptr + offsets, y, mask=row_ok[:, None] & col_ok[None, :])
-        if SAVE_Q:  # the backward's softmax factor, relative to the tile's max; 0 where clamped
-            inside = (y * t >= lo) & (y * t <= hi)
-            q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
-            tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
+def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """The GEMM's epilogue (``persistent_gemm``): + bias, × t, clamp, and per row the tile's
+    (max, Σ exp(v − max)) into column pid_n of the partials; the logits where y_ptr is not None, the
+    softmax factors where q_ptr is not None. args: (bias_ptr, y_ptr, q_ptr, part_max_ptr,
+    part_sum_ptr, t, lo, hi)."""
+    bias_ptr, y_ptr, q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
+    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+    v = tl.minimum(tl.maximum(y * t, lo), hi)
+    live = tl.where(col_ok[None, :], v, float("-inf"))
+    tile_max = tl.max(live, axis=1)
+    e = exp_nonpositive(live - tile_max[:, None])
+    tile_sum = tl.sum(e, axis=1)
+    tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
+    tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
+    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+    if y_ptr is not None:
+        tl.store(y_ptr + offsets, y, mask=row_ok[:, None] & col_ok[None, :])
+    if q_ptr is not None:  # the backward's softmax factor, relative to the tile's max; 0 where clamped
+        inside = (y * t >= lo) & (y * t <= hi)
+        q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
+        tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit

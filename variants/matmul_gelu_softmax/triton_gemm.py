@@ -1,7 +1,7 @@
 """``matmul_gelu_softmax``, Triton: a tensor-core GEMM with GELU and the softmax partials inside.
 
 softmax(gelu(x·Wᵀ + b)) needs every logit of a row before any output is final. The GEMM's
-epilogue (kernel ``gemm_gelu_partials``) takes the float32 accumulator while it is in registers,
+epilogue (``gelu_partials``) takes the float32 accumulator while it is in registers,
 adds the bias, applies the exact erf GELU, stores the logit once and leaves per row and column
 tile the online-softmax pair (max, Σ exp(v − max)); ``softmax_normalize`` merges a row's pairs
 with the max subtracted (no overflow at any magnitude) and rescales the row in place: the
@@ -33,12 +33,10 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
         kernels = self.module()
         parts = -(-n_out // self.params["block_n"])
         logits = torch.empty(batch, n_out, device=x.device)
-        y = torch.empty(batch, n_out, device=x.device) if save else logits
+        y = torch.empty(batch, n_out, device=x.device) if save else None  # None: not stored
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty_like(part_max)
-        kernels.gemm_gelu_partials[self.grid(x, n_out)](
-            **self.main_loop(xs, weights), bias_ptr=b, logits_ptr=logits, y_ptr=y, part_max_ptr=part_max,
-            part_sum_ptr=part_sum, M=batch, N=n_out, K=n_in, SAVE_Y=save)
+        self.launch_gemm("gelu_partials", xs, weights, (b, logits, y, part_max, part_sum))
         kernels.softmax_normalize[(batch,)](logits, part_max, part_sum, n_out, parts,
                                             BLOCK_N=kernels.row_block(n_out), BLOCK_P=kernels.parts_block(parts))
         return logits, ((x, w, b, y, None, logits) if save else ())

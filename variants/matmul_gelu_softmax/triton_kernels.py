@@ -1,9 +1,10 @@
 """Triton kernels of ``matmul_gelu_softmax`` (imported by triton_gemm.py when it is built).
 
-``gemm_gelu_partials``: the shared main loop, then from the accumulator: + bias, exact GELU,
-the logits stored once, and per row of the tile the online-softmax partial (max, Σ exp(v − max))
-over the tile's columns. ``softmax_normalize``: per row, the partials merged with the max
-subtracted (no overflow at any magnitude), then out = exp(v − max) / Σ over the row, in place.
+``gelu_partials``: the epilogue of the shared main loop (``persistent_gemm``): from the
+accumulator, + bias, exact GELU, the logits stored once, and per row of the tile the
+online-softmax partial (max, Σ exp(v − max)) over the tile's columns. ``softmax_normalize``:
+per row, the partials merged with the max subtracted (no overflow at any magnitude), then
+out = exp(v − max) / Σ over the row, in place.
 ``softmax_grad_rows`` and ``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the
 row sums by one program per row, then dy in tiles, written in the layouts the backward's GEMMs
 want (``store_gradient``).
@@ -20,41 +21,27 @@ from autofuse.kernels.triton.gemm import (  # noqa: F401
     parts_block,
     row_block,
     store_gradient,
-    tile_accumulator,
-    tile_coords,
 )
 
 
 @triton.jit
-def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
-                       x_scale_ptr, w_scale_ptr, bias_ptr, logits_ptr,
-                       y_ptr, part_max_ptr, part_sum_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
-                       EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
-                               w_scale_ptr, M, N, K,
-                               pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               MODE, TMA, EVEN_K, INTERPRET)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rm < M
-        col_ok = rn < N
-        y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
-        v = gelu(y)
-        live = tl.where(col_ok[None, :], v, float("-inf"))
-        tile_max = tl.max(live, axis=1)
-        tile_sum = tl.sum(exp_nonpositive(live - tile_max[:, None]), axis=1)
-        tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
-        tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
-        offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
-        mask = row_ok[:, None] & col_ok[None, :]
-        tl.store(logits_ptr + offsets, v, mask=mask)
-        if SAVE_Y:
-            tl.store(y_ptr + offsets, y, mask=mask)
+def gelu_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """The GEMM's epilogue (``persistent_gemm``): + bias, GELU, the logits stored, and per row the
+    tile's (max, Σ exp(v − max)) into column pid_n of the partials; the pre-GELU y where y_ptr is
+    not None. args: (bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr)."""
+    bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr = args
+    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+    v = gelu(y)
+    live = tl.where(col_ok[None, :], v, float("-inf"))
+    tile_max = tl.max(live, axis=1)
+    tile_sum = tl.sum(exp_nonpositive(live - tile_max[:, None]), axis=1)
+    tl.store(part_max_ptr + rm * num_n + pid_n, tile_max, mask=row_ok)
+    tl.store(part_sum_ptr + rm * num_n + pid_n, tile_sum, mask=row_ok)
+    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(logits_ptr + offsets, v, mask=mask)
+    if y_ptr is not None:
+        tl.store(y_ptr + offsets, y, mask=mask)
 
 
 @triton.jit

@@ -77,10 +77,12 @@ class Fp16Gemms(CublasGemms):
             return torch.zeros(m, n, device=a[0].device)
         out = torch.empty(m, n, device=a[0].device)
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
-        gemm_kernels().gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
-            **loop_operands(a, b, True, blocks), out_ptr=out, M=m, N=n, K=k, BLOCK_M=p["block_m"],
+        kernels = gemm_kernels()
+        kernels.persistent_gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
+            **loop_operands(a, b, True, blocks), M=m, N=n, K=k, epilogue_args=(out,), BLOCK_M=p["block_m"],
             BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE="3xfp16", TMA=blocks is not None,
-            EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), num_warps=p["warps"], num_stages=p["stages"])
+            EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), EPILOGUE=kernels.epilogue("store_tile"),
+            num_warps=p["warps"], num_stages=p["stages"])
         return out
 
     def _weight_columns(self, weight: torch.Tensor) -> Operand:

@@ -1,10 +1,11 @@
 """The Triton GEMM main loop every ``triton`` variant shares (imported only when one is built).
 
-A problem's kernel (``variants/<problem>/triton_kernels.py``) is a loop over output tiles that
-calls ``tile_coords`` and ``tile_accumulator`` and then applies its own epilogue to the
-float32 accumulator while it is still in registers. One kernel serves both schedules: launched
-with one program per tile it is the classic grid; launched with one program per SM it is
-persistent, each program walking tiles ``num_programs`` apart.
+``persistent_gemm`` is the loop over output tiles: it calls ``tile_coords`` and
+``tile_accumulator``, then the problem's epilogue (a ``@triton.jit`` function of
+``variants/<problem>/triton_kernels.py``, passed in as a constant) on the float32 accumulator
+while it is still in registers. One kernel serves both schedules: launched with one program per
+tile it is the classic grid; launched with one program per SM it is persistent, each program
+walking tiles ``num_programs`` apart.
 
 - Grouped ordering (``tile_coords``): GROUP_M row-blocks of x sweep every column block before
   the next group starts, so a band of x stays in L2 while W streams through.
@@ -36,9 +37,10 @@ persistent, each program walking tiles ``num_programs`` apart.
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or
   converting a float32 x tile of 64 columns to bfloat16 there, gave wrong sums (errors of 1e-5 to
   5e-2 and NaN where the interpreter and the host-side splits are exact).
-- The fp32 backward (``triton_backward.Fp16Gemms``) multiplies with ``gemm``, the main loop with
-  a plain float32 store for an epilogue, on the float16 parts of dy's rows (``fp16_row_parts``)
-  and of the columns of W, dy and x (``column_max`` over chunks of rows, then ``fp16_col_parts``,
+- The fp32 backward (``triton_backward.Fp16Gemms``) multiplies with ``persistent_gemm`` and a
+  plain float32 store for an epilogue (``store_tile``), on the float16 parts of dy's rows
+  (``fp16_row_parts``) and of the columns of W, dy and x (``column_max`` over chunks of rows,
+  then ``fp16_col_parts``,
   which merges the chunks' maxima and writes the parts transposed, K-major).
 - Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bfloat16 blocks wrongly
   (numpy sees their raw bits), so under it (INTERPRET) bf16 operands are multiplied as float32:
@@ -285,11 +287,25 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
 
 
 @triton.jit
-def gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr, w_scale_ptr, out_ptr,
-         M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-         MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
-    """out = x·Wᵀ (M × N, float32) and nothing else: the backward's GEMMs on float16 parts
-    (``triton_backward``), through the same main loop as the forwards."""
+def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr, w_scale_ptr,
+                    epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                    INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr):
+    """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
+    the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
+
+    EPILOGUE is a ``@triton.jit`` function ``(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N,
+    args)``: the tile's rows and columns, which of them lie inside the output, the tile's block
+    coordinates and the column block count (for per-tile partial results), and ``epilogue_args``, a
+    tuple of the epilogue's own pointers and scalars. Triton specializes each item of that tuple as
+    it would an argument (a None is a constant, so ``if ptr is not None`` is decided at compile
+    time) and inlines EPILOGUE, so a kernel is what it was when each problem wrote this loop out
+    (tests/test_triton_compiles_for_hopper.py compiles each one for sm_90). The operands stay
+    separate arguments: Triton 3.6's CUDA launcher unpacks tensor descriptors at the top level only.
+    The arguments keep the order the per-problem kernels had (operands, the epilogue's, M, N, K):
+    with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
+    clamp_lse_partials kernel at 255 registers spilled where it had not.
+    """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
@@ -299,7 +315,15 @@ def gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
                                INTERPRET)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
+        EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
+
+
+@triton.jit
+def store_tile(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """The epilogue of a GEMM and nothing else: out = x·Wᵀ (args: ``(out_ptr,)``, M × N float32).
+    The backward's GEMMs on float16 parts (``triton_backward``) take it."""
+    out_ptr = args[0]
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit

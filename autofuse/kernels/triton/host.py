@@ -125,9 +125,10 @@ def launch_grid(m: int, n: int, block_m: int, block_n: int, persistent: bool, de
 
 def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[int, int, int] | None,
                   w_descs: tuple | None = None) -> dict[str, Any]:
-    """The operand arguments of ``triton_gemm.tile_accumulator``: pointers, or with ``tma_blocks``
-    (BLOCK_M, BLOCK_N, BLOCK_K) tensor descriptors (W's ``w_descs`` where already made); the low
-    parts only if ``split``; the float16 rows' scales (None but on the float16 paths).
+    """The ten operand arguments of ``gemm.persistent_gemm``, built here once for every launch:
+    pointers, or with ``tma_blocks`` (BLOCK_M, BLOCK_N, BLOCK_K) tensor descriptors (W's
+    ``w_descs`` where already made); the low parts only if ``split``; the float16 rows' scales
+    (None but on the float16 paths).
 
     Operands the kernel does not read are None: Triton makes a None argument a constant, so
     neither its binding nor the launcher's descriptor encoding costs host time per call."""

@@ -11,7 +11,8 @@ before the GEMM's launch is time the GPU waits.
 ``Launcher`` keeps that ``CompiledKernel`` under its own key and calls it directly. The key is
 stricter than Triton's: a tensor's dtype and alignment, as Triton's, but the value itself of
 every other argument (ints, floats, constexprs, launch options) and a descriptor's dtype
-and block shape (its shape and strides are launch arguments). So a hit always has the
+and block shape (its shape and strides are launch arguments); a tuple's items are keyed so, one
+by one, as Triton specializes them. So a hit always has the
 kernel Triton would have picked, and a miss goes through ``JITFunction`` (compiling if Triton
 must) and remembers what it returned. It steps aside for launch hooks (profilers), pre-run hooks,
 a callable grid, and Triton's interpreter (whose kernels are not ``JITFunction``s). Triton's
@@ -38,19 +39,32 @@ MAX_KEYS = 256  # keys per kernel before the cache starts over (a float that cha
 
 
 class _Layout:
-    """Where an argument list of one sequence of types holds tensors and descriptors: the rest
-    (ints, floats, strings, None, constexprs) goes into the key by value, in one C-level step."""
+    """Where an argument list of one sequence of types holds tensors, descriptors and tuples: the
+    rest (ints, floats, strings, None, constexprs) goes into the key by value, in one C-level step.
+    A tuple's items are keyed as arguments are, by a layout of their own types, as Triton
+    specializes them one by one (``gemm.persistent_gemm``'s epilogue arguments): the tuple's value
+    would hold this call's tensors, a key no later call has."""
 
     def __init__(self, types: tuple[type, ...]):
         tensors = [i for i, t in enumerate(types) if issubclass(t, torch.Tensor)]
         descriptors = [i for i, t in enumerate(types) if issubclass(t, TensorDescriptor)]
-        plain = [i for i in range(len(types)) if i not in tensors and i not in descriptors]
-        self.tensors, self.descriptors, self.plain = (_getter(i) for i in (tensors, descriptors, plain))
+        tuples = [i for i, t in enumerate(types) if issubclass(t, tuple)]
+        plain = [i for i in range(len(types)) if i not in tensors + descriptors + tuples]
+        self.tensors, self.descriptors, self.tuples, self.plain = (
+            _getter(i) for i in (tensors, descriptors, tuples, plain))
+        self.nested = bool(tuples)
+        self._items: dict[tuple[type, ...], _Layout] = {}
 
-    def key(self, values: list) -> tuple:
-        return (self.plain(values),
-                tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in self.tensors(values)]),
-                tuple([(d.base.dtype, tuple(d.block_shape), d.padding) for d in self.descriptors(values)]))
+    def key(self, values) -> tuple:
+        key = (self.plain(values),
+               tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in self.tensors(values)]),
+               tuple([(d.base.dtype, tuple(d.block_shape), d.padding) for d in self.descriptors(values)]))
+        if self.nested:
+            for items in self.tuples(values):
+                types = tuple(map(type, items))
+                layout = self._items.get(types) or self._items.setdefault(types, _Layout(types))
+                key += (types, layout.key(items))
+        return key
 
 
 def _getter(indices: list[int]):
@@ -138,3 +152,8 @@ class Kernels:
             value = Launcher(value)
         setattr(self, name, value)  # found once: later lookups skip __getattr__
         return value
+
+    def epilogue(self, name: str) -> Any:
+        """The module's ``@triton.jit`` function ``name`` itself, not a launcher: an epilogue, which
+        ``gemm.persistent_gemm`` takes as a constant argument."""
+        return getattr(self._module, name)

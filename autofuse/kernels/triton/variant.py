@@ -324,9 +324,14 @@ class TritonVariant(Variant):
         parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
 
-    def grid(self, x: torch.Tensor, n_out: int) -> tuple[int]:
-        """The launch grid of the variant's GEMM for ``x`` and ``n_out`` columns (``launch_grid``)."""
-        p = self.params
-        return launch_grid(x.shape[0], n_out, p["block_m"], p["block_n"], p["persistent"], x.device)
+    def launch_gemm(self, epilogue: str, xs: Operand, weights: Operand, args: tuple) -> None:
+        """x·Wᵀ through the shared main loop (``gemm.persistent_gemm``), each tile handed to
+        ``epilogue`` (a ``@triton.jit`` function of the variant's kernel module) with ``args``, its
+        own pointers and scalars; M, N and K are the operands' (``operands()``), the grid
+        ``launch_grid``'s."""
+        p, (m, k), n = self.params, xs[0].shape, weights[0].shape[0]
+        grid = launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], xs[0].device)
+        gemm_kernels().persistent_gemm[grid](**self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
+                                             EPILOGUE=self.module().epilogue(epilogue))
 
 

@@ -2,7 +2,7 @@
 
 A plugin is a module or object with functions decorated by ``autofuse.hookimpl``
 whose names match the specs below; it reaches autofuse through the ``autofuse``
-entry-point group (see README, "Writing a plugin").
+entry-point group (see docs/plugins.md).
 """
 
 from pluggy import HookimplMarker, HookspecMarker

@@ -350,7 +350,7 @@ def test_inference_mode_and_no_grad_take_the_no_grad_entry():
     with torch.no_grad():
         assert module.dispatch_info(x)["entry"]["median_ms"] == 1.0
     # Grad mode on, parameters requiring grad, nothing downstream differentiating: indistinguishable
-    # from training, so the autograd entry serves (README, "Tune, then use").
+    # from training, so the autograd entry serves (docs/autograd.md).
     assert module.dispatch_info(x)["entry"]["median_ms"] == 2.0
     assert module(x).requires_grad
 

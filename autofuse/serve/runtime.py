@@ -57,7 +57,7 @@ def get_module(problem: str, *init_args, table=None, precision: str = "fp32", tu
     ``problem`` is a name, an alias or the path of a KernelBench file; ``table`` is a path (or
     DispatchTable) to read instead of ``$AUTOFUSE_HOME/table.json``; ``precision`` ("ieee",
     "fp32", "tf32", "bf16") is part of every lookup. ``tune_on_miss`` (True, a
-    ``background.TuneOnMiss`` budget, or None: ``$AUTOFUSE_TUNE_ON_MISS``) tunes untuned keys
+    ``autofuse.serve.tune_on_miss.TuneOnMiss`` budget, or None: ``$AUTOFUSE_TUNE_ON_MISS``) tunes untuned keys
     in a background process.
     """
     prob = registry.get_problem(problem)

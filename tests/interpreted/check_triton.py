@@ -362,11 +362,11 @@ def fp16_operands() -> list[str]:
 
 
 def _fp16_outliers() -> list[str]:
-    """The float16 split's range, as README's precision section states it: x's rows hold one
+    """The float16 split's range, as docs/precision.md states it: x's rows hold one
     element R times the rest, multiplying a zero weight, so the result is carried by elements R
     below the row's max. The products of the kernel's parts, summed in float64, against float64:
     float32-accurate (within 4x a float32 matmul's error) up to R = 1e5; beyond, each element
-    keeps the row's max·2⁻³⁹, so the error is bounded by that (printed: the README's numbers)."""
+    keeps the row's max·2⁻³⁹, so the error is bounded by that (printed: the numbers docs/precision.md gives)."""
     from autofuse.kernels.triton import variant as tv
 
     failures = []

@@ -1,7 +1,7 @@
 """The backward's GEMMs on float16 tensor cores, for the triton variants whose fp32 forward runs there.
 
 A triton variant on split_fp16 (fp32) multiplies x·Wᵀ on float16 hi and lo parts of rows scaled by
-powers of two (``triton_gemm.fp16_row_parts``; README, "Precision"). Its backward multiplies the
+powers of two (``gemm.fp16_row_parts``; docs/precision.md). Its backward multiplies the
 same way (``Fp16Gemms``), where cuBLAS fp32 took 5.44 ms for dx = dy·W and dW = dyᵀ·x at
 1024×8192² on an H100 (the split: 1.52) and 21.53 at 16384×4096² (6.78), with 4-7x less
 error (relative L2 against float64: 2.4e-7 and 1.5e-7 for dx and dW at 1024×8192², cuBLAS fp32

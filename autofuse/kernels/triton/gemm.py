@@ -31,7 +31,7 @@ walking tiles ``num_programs`` apart.
   its bytes): ``fp16_row_parts`` scales each row of x (a pass per call) and of W (cached) by a
   power of two into float16's range and splits it (3xfp16) or rounds it (fp16) to float16, which
   keeps TF32's 11 significant bits; the tile's sum is unscaled exactly before the epilogue.
-  Float16's range bounds each element's accuracy at its row's max·2⁻³⁹ (README, "Precision").
+  Float16's range bounds each element's accuracy at its row's max·2⁻³⁹ (docs/precision.md).
   "bf16" multiplies bfloat16 operands (x cast by a pass, W's copy cached) and accumulates in
   float32; "ieee" is float32 FMA. No other mode changes an operand in registers between its load
   and the dot: on an H100 with Triton 3.6, splitting x in registers before a TF32 dot, or

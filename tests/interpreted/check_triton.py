@@ -568,6 +568,61 @@ def lse_mish_output() -> list[str]:
     return failures
 
 
+# Rows of x (or of W) whose WIDE_COUNT largest entries are M times the others: outlier features.
+WIDE_RATIOS = (1e4, 1e8, 1e12, 1e30)
+WIDE_COUNT = 4
+
+
+def _wide_case(prob, model, x, side: str, ratio: float, zeroed: bool, generator) -> None:
+    """Make ``side``'s ("x" or "w") rows wide in place: WIDE_COUNT columns times ``ratio``; with
+    ``zeroed`` the other operand's matching columns are zero, so the result rests on the ordinary
+    entries alone (the split's worst case)."""
+    w = getattr(model, prob.linear_attr).weight.data
+    wide = torch.randperm(x.shape[1], generator=generator)[:WIDE_COUNT]
+    big, other = (x, w) if side == "x" else (w, x)
+    big[:, wide] *= ratio
+    if zeroed:
+        other[:, wide] = 0.0
+
+
+def wide_rows(problem: str, config: str) -> list[str]:
+    """fp32 (split_fp16) and tf32 (scaled_fp16) on wide rows of x and of W, M = 1e4 ... 1e30, with
+    and without the other operand's matching columns zeroed, batch 1 and an odd batch: the output's
+    relative error against float64 within 2x float32 eager's (fp32) or the tf32 gate's tolerance
+    (or 4x eager's, the gate's floor). Before the range check, M = 1e8 gave ~1e-4 at fp32."""
+    import copy
+
+    from autofuse.tuning.gate import FLOOR_FACTOR, build_case, floor_output
+
+    prob = registry.get_problem(problem)
+    failures = []
+    modes = ("train", "eval") if prob.mode_sensitive else ("train",)
+    for precision, operands in (("fp32", "split_fp16"), ("tf32", "scaled_fp16")):
+        variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
+        for mode, batch, side, ratio, zeroed in itertools.product(modes, (1, 37), ("x", "w"), WIDE_RATIOS,
+                                                                  (True, False)):
+            if batch == 1 and mode == "train" and prob.mode_sensitive:
+                continue  # BatchNorm training needs two rows
+            shape = dict(zip(prob.dims, (batch, 80, 33)))
+            model, x = build_case(prob, CheckCase(shape, "randn", 3, True), "cpu", torch.float32, mode)
+            _wide_case(prob, model, x, side, ratio, zeroed, torch.Generator().manual_seed(batch))
+            ref = prob.reference(model, x)[0]
+            eager = floor_output(model, x, "ieee")
+            if not torch.isfinite(eager).all():
+                continue  # float32 itself cannot represent this case (BatchNorm's variance at 1e30)
+            with torch.no_grad():
+                out = variant(copy.deepcopy(model), x)
+            err = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+            bound = 2 * err(eager) if precision == "fp32" else max(prob.tolerances["tf32"].rel_l2,
+                                                                   FLOOR_FACTOR * err(eager))
+            what = (f"{precision} {mode} batch {batch}, {side} rows wide by {ratio:.0e}"
+                    f"{' (other zeroed)' if zeroed else ''}")
+            print(f"{what}: {err(out):.3g} (float32 eager {err(eager):.3g})", flush=True)
+            if not err(out) <= max(bound, 2.0 ** -24):
+                failures.append(f"{problem} {what}: relative error {err(out):.3g} > {bound:.3g}")
+    return failures
+
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
@@ -575,7 +630,7 @@ if __name__ == "__main__":
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
-                "transpose": transpose,
+                "transpose": transpose, "wide_rows": wide_rows,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)
     for line in found:

@@ -82,3 +82,7 @@ def test_the_lse_mish_output_is_float32_accurate_where_softplus_underflows_inter
 @pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
 def test_wide_rows_keep_the_precisions_accuracy_interpreted(problem, config):
     _run("wide_rows", problem, config)
+
+
+def test_the_range_check_flags_wide_rows_by_effect_not_ordinary_ones_interpreted():
+    _run("wide_rows_flags")

@@ -30,7 +30,8 @@ def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_de
                        x_scale_ptr, w_scale_ptr, bias_ptr, logits_ptr,
                        y_ptr, part_max_ptr, part_sum_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr,
-                       EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr):
+                       EVEN_K: tl.constexpr, INTERPRET: tl.constexpr, SAVE_Y: tl.constexpr, x32_ptr=None, w32_ptr=None,
+                       EXACT_K: tl.constexpr = 0):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
@@ -38,7 +39,7 @@ def gemm_gelu_partials(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_de
         acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
                                w_scale_ptr, M, N, K,
                                pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
-                               MODE, TMA, EVEN_K, INTERPRET)
+                               MODE, TMA, EVEN_K, INTERPRET, x32_ptr, w32_ptr, EXACT_K)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rm < M

@@ -299,7 +299,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
                 budget += tl.abs(v) * c
             if STATS:
                 group_stats(stats_ptr, row, tl.num_programs(0), k, K, loss, tl.abs(v), ok, BLOCK, GROUP)
-                excess += tl.where(loss > 0, 1.0, 0.0)  # elements the range loses: a count
+                excess += (loss > 0).to(tl.float32)  # elements the range loses: a count
     if FLAG:
         tl.store(inv_scale_ptr + row, tl.where(flag_row(tl.sum(excess), tl.sum(budget), SPLIT), -inv_s, inv_s))
     if STATS:
@@ -378,7 +378,7 @@ def weight_flags(stats_ptr, d_ptr, inv_scale_ptr, flagged_scale_ptr, N, K, SPLIT
     top = tl.zeros((BLOCK_G * GROUP,), dtype=tl.float32)
     for k in range(0, K, BLOCK_G * GROUP):
         top = tl.maximum(top, tl.load(d_ptr + k + cols, mask=k + cols < K, other=0.0))
-    inv_top = 1.0 / tl.maximum(tl.max(top, axis=0), 1e-38)
+    inv_top = 1.0 / tl.maximum(tl.max(top, axis=0), 1.1754943508222875e-38)  # float32's least normal
     excess = tl.zeros((BLOCK_N,), dtype=tl.float32)
     by_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     by_min = tl.zeros((BLOCK_N,), dtype=tl.float32)

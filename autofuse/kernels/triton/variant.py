@@ -37,6 +37,7 @@ from autofuse.kernels.triton.host import (
     Operand,
     descriptors,
     fp16_input_parts,
+    fp16_parts,  # noqa: F401 - the float16 parts' kernel, as tests/interpreted/check_triton.py reaches it
     fp16_weight_parts,
     gemm_kernels,
     interpreting,

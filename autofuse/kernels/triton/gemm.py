@@ -265,7 +265,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     (tests/device/fp16_parts_edges.py: the GPU equals torch's arithmetic bit for bit otherwise,
     denormal rows included).
 
-    The range check (``wide_rows``; FLAG or STATS) also folds each column's max |value| into
+    The range check (README, "Precision"; FLAG or STATS) also folds each column's max |value| into
     col_max_ptr (atomically, over rows) and measures each element's loss beyond the parts' normal
     relative accuracy (2⁻²² of |v| split, 2⁻¹¹ not). FLAG (x): the row's losses weighted by
     col_weight_ptr (W's column maxima, what a loss can reach) against the precision's own error
@@ -284,6 +284,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     tl.store(inv_scale_ptr + row, inv_s)
     excess = tl.zeros((BLOCK,), dtype=tl.float32)
     budget = tl.zeros((BLOCK,), dtype=tl.float32)
+    lost = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in range(0, K, BLOCK):
         ok = k + offsets < K
         v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
@@ -299,11 +300,11 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
                 budget += tl.abs(v) * c
             if STATS:
                 group_stats(stats_ptr, row, tl.num_programs(0), k, K, loss, tl.abs(v), ok, BLOCK, GROUP)
-                excess += (loss > 0).to(tl.float32)  # elements the range loses: a count
+                lost += (loss > 0).to(tl.float32)
     if FLAG:
         tl.store(inv_scale_ptr + row, tl.where(flag_row(tl.sum(excess), tl.sum(budget), SPLIT), -inv_s, inv_s))
     if STATS:
-        tl.store(inv_scale_ptr + row, tl.where(tl.sum(excess) * WIDE_CANDIDATE >= K, -inv_s, inv_s))
+        tl.store(inv_scale_ptr + row, tl.where(tl.sum(lost) * WIDE_CANDIDATE >= K, -inv_s, inv_s))
 
 
 # The range check's threshold: a row (or a column of the output) is flagged where the loss beyond the

@@ -617,14 +617,14 @@ def wide_rows(problem: str, config: str) -> list[str]:
                 continue  # float32 itself cannot represent this case (BatchNorm's variance at 1e30)
             with torch.no_grad():
                 out = variant(copy.deepcopy(model), x)
-            err = lambda t: err_of(t, ref)  # noqa: E731
-            bound = 2 * err(eager) if precision == "fp32" else max(prob.tolerances["tf32"].rel_l2,
-                                                                   FLOOR_FACTOR * err(eager))
+            error, eager_error = err_of(out, ref), err_of(eager, ref)
+            bound = 2 * eager_error if precision == "fp32" else max(prob.tolerances["tf32"].rel_l2,
+                                                                    FLOOR_FACTOR * eager_error)
             what = (f"{precision} {mode} batch {batch}, {side} rows wide by {ratio:.0e}"
                     f"{' (other zeroed)' if zeroed else ''}")
-            print(f"{what}: {err(out):.3g} (float32 eager {err(eager):.3g})", flush=True)
-            if not err(out) <= max(bound, 2.0 ** -22):  # the split's own accuracy per element: ordinary inputs
-                failures.append(f"{problem} {what}: relative error {err(out):.3g} > {bound:.3g}")
+            print(f"{what}: {error:.3g} (float32 eager {eager_error:.3g})", flush=True)
+            if not error <= max(bound, 2.0 ** -22):  # the split's own accuracy per element: ordinary inputs
+                failures.append(f"{problem} {what}: relative error {error:.3g} > {bound:.3g}")
     return failures
 
 
@@ -632,7 +632,9 @@ def _flag_cases(ratio: float) -> dict:
     """name: (x, W, x's rows to flag, W's rows to flag), K = 8192; the wide rows ``ratio`` wide."""
     generator = torch.Generator().manual_seed(2)
     k, n = 8192, 48
-    randn = lambda *size: torch.randn(*size, generator=generator)  # noqa: E731
+    def randn(*size):
+        return torch.randn(*size, generator=generator)
+
     wide = torch.randperm(k, generator=generator)[:16]
     outliers = randn(4, k)
     outliers[:, wide] *= 1e8

@@ -101,7 +101,7 @@ def fp16_input_parts(x: torch.Tensor, split: bool, weights: Operand, check: Wide
     operand) and its rows' inverse scales negated where the parts cannot carry them: x's rows by
     ``fp16_row_parts``, W's by ``weight_flags`` from x's column maxima. No host sync: the GEMM
     reads the signs (``triton_gemm.tile_flagged``)."""
-    rows, cols = x.shape
+    cols = x.shape[1]
     n = weights[0].shape[0]
     col_max = torch.zeros(cols, device=x.device)
     hi, lo, x_scale = fp16_parts(x, split, col_weight_ptr=check.col_weight, col_max_ptr=col_max, FLAG=True)

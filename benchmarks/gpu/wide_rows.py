@@ -14,8 +14,9 @@ tf32 (scaled_fp16) in the precision's default configuration:
   error over 1e-3 or not finite, BatchNorm training's variance at 1e30) are marked ``skipped``.
 - time on ordinary (rand) inputs, interleaved, L2 flushed: the variant's forward, cuBLAS's GEMM
   alone, x's parts pass alone (``fp16_parts``) and with the range check (``fp16_input_parts``:
-  x's checked pass plus ``weight_flags``). Compare the forward against the same script at the
-  commit before the range check for the main loop's cost.
+  x's checked pass plus ``weight_flags``). For the main loop's cost, run this file at the commit
+  before the range check too (``git show fp32range:benchmarks/gpu/wide_rows.py > /tmp/wide_rows.py``
+  there; it then times what exists) and compare "forward" on the same machine.
 """
 
 import argparse
@@ -80,13 +81,15 @@ def speed(prob, shape, mode, precision, variant, rounds):
     model, x = build_case(prob, CheckCase(dict(shape), "rand", 0, False), "cuda", torch.float32, mode)
     w = getattr(model, prob.linear_attr).weight.detach().contiguous()
     split = precision == "fp32"
-    parts, check = host.fp16_weight_parts(w, split)
     fns = {"forward": lambda: variant(model, x), "cuBLAS GEMM": lambda: torch.mm(x, w.t()),
-           "x parts pass": lambda: host.fp16_parts(x, split),
-           "x parts pass + range check": lambda: host.fp16_input_parts(x, split, parts, check)}
+           "x parts pass": lambda: host.fp16_parts(x, split)}
+    flagged = None
     with torch.no_grad(), math_mode(precision):
-        xs, ws = host.fp16_input_parts(x, split, parts, check)
-        flagged = (int((xs[2] < 0).sum()), int((ws[2] < 0).sum()))
+        if hasattr(host, "fp16_input_parts"):  # absent before the range check: the same script times both
+            parts, check = host.fp16_weight_parts(w, split)
+            fns["x parts pass + range check"] = lambda: host.fp16_input_parts(x, split, parts, check)
+            xs, ws = host.fp16_input_parts(x, split, parts, check)
+            flagged = (int((xs[2] < 0).sum()), int((ws[2] < 0).sum()))
         times = timing.time_interleaved(fns, "cuda", rounds=rounds)
     print(json.dumps({"problem": prob.name, "mode": mode, "precision": precision, "shape": dict(shape),
                       "flagged rows of x, W (rand; want 0, 0)": flagged,

@@ -102,6 +102,23 @@ class StaleFold(Wrong):
         return F.linear(x, *self.folded)
 
 
+def _fp16_split(t: torch.Tensor):
+    """Float16 hi and lo of each row scaled by a power of two, as triton's split_fp16 makes them
+    (``fp16_row_parts``), in float64 with the row scales: no range check."""
+    biased = (t.abs().amax(dim=1).view(torch.int32) >> 23) & 0xFF
+    scale = torch.pow(2.0, (14 - (biased - 127)).clamp(-126, 126).double())[:, None]
+    v = t.double() * scale
+    hi = v.half().double()
+    return hi, (v - hi).half().double(), scale
+
+
+class SplitFp16WithoutRangeCheck(Wrong):  # 99 on split float16 parts: float32-accurate but for wide rows
+    def forward(self, model, x):
+        (xh, xl, xs), (wh, wl, ws) = _fp16_split(x), _fp16_split(model.linear.weight.detach())
+        y = (xh @ wh.T + xh @ wl.T + xl @ wh.T) / (xs * ws.T) + model.linear.bias.double()
+        return F.softmax(F.gelu(y.float()), dim=1)
+
+
 WRONG = [
     ("gemm_bn", Zeros, "train"),
     ("gemm_avgpool_gelu_residual", Zeros, "train"),
@@ -116,6 +133,7 @@ WRONG = [
     ("gemm_avgpool_gelu_residual", LogSumExpNoMax51, "train"),
     ("gemm_bn", BatchNormWithoutRunningStats, "train"),
     ("gemm_bn", StaleFold, "eval"),
+    ("matmul_gelu_softmax", SplitFp16WithoutRangeCheck, "train"),
 ]
 
 
@@ -124,6 +142,20 @@ def test_gate_rejects(problem, wrong, mode):
     result = gate(problem, wrong, mode)
     assert not result.ok, f"{wrong.__name__} passed the gate for {problem} (error {result.error:.3g})"
     print(result.reason)
+
+
+def test_only_the_wide_rows_catch_a_split_without_a_range_check():
+    """The float16 split passes every other case at fp32: the wide family is what rejects it."""
+    problem = registry.get_problem("matmul_gelu_softmax")
+    shape = problem.normalize_shape({problem.dims[i]: v for i, v in enumerate(SHAPE.values())})
+    SplitFp16WithoutRangeCheck.problem = problem.name
+    cases = check_cases(problem, shape, seed=321)
+    others = [c for c in cases if c.distribution != "wide"]
+    assert len(others) < len(cases), "the gate has no wide-row case"
+    result = check_variant(SplitFp16WithoutRangeCheck("fp32"), problem, others, "cpu")
+    assert result.ok, result.reason
+    result = check_variant(SplitFp16WithoutRangeCheck("fp32"), problem, cases, "cpu")
+    assert not result.ok and " wide " in result.reason, result.reason
 
 
 @pytest.mark.parametrize("problem", ["gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])

@@ -76,3 +76,13 @@ def test_the_accurate_exp_of_the_softmax_epilogues_interpreted():
 
 def test_the_lse_mish_output_is_float32_accurate_where_softplus_underflows_interpreted():
     _run("lse_mish_output")
+
+
+@pytest.mark.parametrize("config", ["persistent-pointers", "grid-tma"])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
+def test_wide_rows_keep_the_precisions_accuracy_interpreted(problem, config):
+    _run("wide_rows", problem, config)
+
+
+def test_the_range_check_flags_wide_rows_by_effect_not_ordinary_ones_interpreted():
+    _run("wide_rows_flags")

@@ -23,15 +23,32 @@ from autofuse.errors import InputError
 Shape = dict[str, int]
 
 # Input distributions every check draws from: KernelBench's own torch.rand, a
-# zero-mean one, and one large enough that exp() overflows float32 unless the row
-# maximum is subtracted first (|x| ~ 100 gives linear outputs in the hundreds).
-DISTRIBUTIONS = ("rand", "randn", "large")
+# zero-mean one, one large enough that exp() overflows float32 unless the row
+# maximum is subtracted first (|x| ~ 100 gives linear outputs in the hundreds), and
+# "wide": rows of x and of W whose largest entries are WIDE_RATIO times the rest
+# (outlier features), the other operand zero at those columns (``wide_columns``), so
+# the result rests on the ordinary entries alone. A GEMM that scales rows into a
+# narrower range (float16 parts) loses those unless it detects them (docs/precision.md).
+DISTRIBUTIONS = ("rand", "randn", "large", "wide")
+WIDE_RATIO = 1e12  # past float16's 2⁴⁰ span: split and single float16 parts both lose the rest
 # (batch, in, out) the conformance kit checks: batch 1, sizes of 1, odd sizes that are
 # multiples of no tile (37 × 1000 × 777 crosses several tiles in every dimension), and a
 # moderate power-of-two one.
 CONFORMANCE_SIZES = ((1, 37, 53), (2, 1, 1), (37, 1000, 777), (64, 256, 192))
 # Odd sizes, a multiple of no tile, for the extra case every check runs.
 ODD_SIZES = (7, 37, 53)
+
+
+def wide_columns(n_in: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "wide" distribution's columns (fixed by the size, so the input and the weights agree):
+    up to 16 where x's rows are wide and W's columns zero, and as many others where W's rows are
+    wide and x's columns zero. None under 4 columns."""
+    if n_in < 4:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    count = min(16, n_in // 4)
+    step = n_in // count
+    x_wide = torch.arange(count) * step
+    return x_wide, x_wide + step // 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +206,11 @@ class Problem:
             x = torch.randn(size, generator=generator)
         elif distribution == "large":
             x = 100.0 * torch.randn(size, generator=generator)
+        elif distribution == "wide":
+            x = torch.randn(size, generator=generator)
+            x_wide, w_wide = wide_columns(n_in)
+            x[:, x_wide] *= WIDE_RATIO
+            x[:, w_wide] = 0.0
         else:
             raise InputError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
         return x.to(device=device, dtype=dtype)
@@ -211,6 +233,11 @@ class Problem:
             if tensor.dim() >= 2:
                 fresh /= math.sqrt(max(1, math.prod(tensor.shape[1:])))
             tensor.copy_(fresh.to(tensor.dtype))
+        linear = getattr(model, self.linear_attr, None) if self.linear_attr else None
+        if distribution == "wide" and isinstance(getattr(linear, "weight", None), torch.Tensor):
+            x_wide, w_wide = wide_columns(linear.weight.shape[1])
+            linear.weight[:, w_wide] *= WIDE_RATIO
+            linear.weight[:, x_wide] = 0.0
 
     # -- the float64 reference ----------------------------------------------
     def reference_model(self, model: nn.Module) -> nn.Module:

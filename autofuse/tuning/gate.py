@@ -50,14 +50,16 @@ class CheckResult:
 
 
 def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[CheckCase]:
-    """The tuned shape under every distribution (default and randomized parameters) plus an odd small shape."""
+    """The tuned shape under every distribution (default and randomized parameters) plus an odd
+    small shape. "wide" randomizes W too: its rows are wide where x's columns are zero."""
     cases = [
         CheckCase(dict(shape), "rand", seed, randomize=False),
         CheckCase(dict(shape), "randn", seed + 1, randomize=True),
         CheckCase(dict(shape), "large", seed + 2, randomize=True),
     ]
     odd = problem.odd_shape(shape)
-    return cases if odd is None else cases + [CheckCase(odd, "randn", seed + 3, randomize=True)]
+    cases = cases if odd is None else cases + [CheckCase(odd, "randn", seed + 3, randomize=True)]
+    return cases + [CheckCase(dict(shape), "wide", seed + 4, randomize=True)]
 
 
 def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:

@@ -568,6 +568,116 @@ def lse_mish_output() -> list[str]:
     return failures
 
 
+# Rows of x (or of W) whose WIDE_COUNT largest entries are M times the others: outlier features.
+WIDE_RATIOS = (1e4, 1e8, 1e12, 1e30)
+WIDE_COUNT = 4
+
+
+def _wide_case(prob, model, x, side: str, ratio: float, zeroed: bool, generator) -> None:
+    """Make ``side``'s ("x" or "w") rows wide in place: WIDE_COUNT columns times ``ratio``; with
+    ``zeroed`` the other operand's matching columns are zero, so the result rests on the ordinary
+    entries alone (the split's worst case)."""
+    w = getattr(model, prob.linear_attr).weight.data
+    wide = torch.randperm(x.shape[1], generator=generator)[:WIDE_COUNT]
+    big, other = (x, w) if side == "x" else (w, x)
+    big[:, wide] *= ratio
+    if zeroed:
+        other[:, wide] = 0.0
+
+
+def err_of(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def wide_rows(problem: str, config: str) -> list[str]:
+    """fp32 (split_fp16) and tf32 (scaled_fp16) on wide rows of x and of W, M = 1e4 ... 1e30, with
+    and without the other operand's matching columns zeroed, batch 1 and an odd batch: the output's
+    relative error against float64 within 2x float32 eager's (fp32; or 2⁻²², the split's own accuracy
+    per element, where eager is exact to less) or the tf32 gate's tolerance (or 4x eager's, the
+    gate's floor). Before the range check, M = 1e8 gave ~1e-4 at fp32."""
+    import copy
+
+    from autofuse.tuning.gate import FLOOR_FACTOR, build_case, floor_output
+
+    prob = registry.get_problem(problem)
+    failures = []
+    modes = ("train", "eval") if prob.mode_sensitive else ("train",)
+    for precision, operands in (("fp32", "split_fp16"), ("tf32", "scaled_fp16")):
+        variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
+        for mode, batch, side, ratio, zeroed in itertools.product(modes, (1, 37), ("x", "w"), WIDE_RATIOS,
+                                                                  (True, False)):
+            if batch == 1 and mode == "train" and prob.mode_sensitive:
+                continue  # BatchNorm training needs two rows
+            shape = dict(zip(prob.dims, (batch, 80, 33)))
+            model, x = build_case(prob, CheckCase(shape, "randn", 3, True), "cpu", torch.float32, mode)
+            _wide_case(prob, model, x, side, ratio, zeroed, torch.Generator().manual_seed(batch))
+            ref = prob.reference(model, x)[0]
+            eager = floor_output(model, x, "ieee")
+            if not torch.isfinite(eager).all() or not err_of(eager, ref) <= 1e-3:
+                continue  # float32 itself cannot represent this case (BatchNorm's variance at 1e30)
+            with torch.no_grad():
+                out = variant(copy.deepcopy(model), x)
+            error, eager_error = err_of(out, ref), err_of(eager, ref)
+            bound = 2 * eager_error if precision == "fp32" else max(prob.tolerances["tf32"].rel_l2,
+                                                                    FLOOR_FACTOR * eager_error)
+            what = (f"{precision} {mode} batch {batch}, {side} rows wide by {ratio:.0e}"
+                    f"{' (other zeroed)' if zeroed else ''}")
+            print(f"{what}: {error:.3g} (float32 eager {eager_error:.3g})", flush=True)
+            if not error <= max(bound, 2.0 ** -22):  # the split's own accuracy per element: ordinary inputs
+                failures.append(f"{problem} {what}: relative error {error:.3g} > {bound:.3g}")
+    return failures
+
+
+def _flag_cases(ratio: float) -> dict:
+    """name: (x, W, x's rows to flag, W's rows to flag), K = 8192; the wide rows ``ratio`` wide."""
+    generator = torch.Generator().manual_seed(2)
+    k, n = 8192, 48
+    def randn(*size):
+        return torch.randn(*size, generator=generator)
+
+    wide = torch.randperm(k, generator=generator)[:16]
+    outliers = randn(4, k)
+    outliers[:, wide] *= 1e8
+    x_wide, w_zeroed = randn(4, k), randn(n, k) / k ** 0.5
+    x_wide[2, wide] *= ratio
+    w_zeroed[:, wide] = 0.0
+    w_wide, x_zeroed = randn(n, k) / k ** 0.5, randn(4, k)
+    w_wide[5, wide] *= ratio
+    x_zeroed[:, wide] = 0.0
+    return {"rand": (torch.rand(5, k, generator=generator), randn(n, k) / k ** 0.5, [], []),
+            "randn batch 1": (randn(1, k), randn(n, k) / k ** 0.5, [], []),
+            "large": (100 * randn(5, k), randn(n, k), [], []),
+            "relu batch 1": (randn(1, k).clamp_min(0), randn(n, k) / k ** 0.5, [], []),
+            "outlier features": (outliers, randn(n, k) / k ** 0.5, [], []),
+            "wide x row": (x_wide, w_zeroed, [2], []),
+            "wide W row": (x_zeroed, w_wide, [], [5])}
+
+
+def wide_rows_flags() -> list[str]:
+    """The range check flags rows by their effect, not by what they hold: ordinary rows of 8192
+    (rand, randn, large; each holds values far below its max, whose loss is far below fp32's
+    error) are not flagged, x's or W's, at batch 1 and 5, nor ReLU-like x (half zeros) at batch 1,
+    nor x with outlier features (16 columns 1e8 times the rest, W's columns ordinary). A wide row
+    (M = 1e8 under split_fp16, 1e12 under scaled_fp16, whose 11-bit parts hold 1e8; the other
+    operand's matching columns zero) is flagged, and only it."""
+    from autofuse.kernels.triton import host
+
+    failures = []
+    for split in (True, False):
+        for name, (x, w, want_x, want_w) in _flag_cases(1e8 if split else 1e12).items():
+            parts, check = host.fp16_weight_parts(w, split)
+            xs, ws = host.fp16_input_parts(x, split, parts, check)
+            got_x = (xs[2] < 0).nonzero().flatten().tolist()
+            got_w = (ws[2] < 0).nonzero().flatten().tolist()
+            if got_x != want_x or got_w != want_w:
+                failures.append(f"{name} (split={split}): flagged rows of x {got_x}, of W {got_w}; "
+                                f"want {want_x} and {want_w}")
+            if not torch.equal(xs[2].abs(), host.fp16_parts(x, split)[2]) or not torch.equal(ws[2].abs(),
+                                                                                             parts[2].abs()):
+                failures.append(f"{name} (split={split}): the checked scales differ from fp16_parts' in magnitude")
+    return failures
+
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
@@ -575,7 +685,7 @@ if __name__ == "__main__":
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
-                "transpose": transpose,
+                "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)
     for line in found:

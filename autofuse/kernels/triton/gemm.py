@@ -145,7 +145,7 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
                      M, N, K, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                     INTERPRET: tl.constexpr):
+                     INTERPRET: tl.constexpr, x32_ptr=None, w32_ptr=None, EXACT_K: tl.constexpr = 0):
     """x[rows]·W[cols]ᵀ for one BLOCK_M × BLOCK_N tile, accumulated in float32.
 
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
@@ -153,9 +153,15 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 and
     3xfp16 only; under fp16 and 3xfp16 the sum is of scaled operands (``fp16_row_parts``), and the
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
+    With EXACT_K (fp16 modes only) a negative scale marks a row the float16 parts cannot carry
+    (``fp16_row_parts``, ``weight_flags``): a tile holding one skips the main loop and is
+    multiplied from the float32 originals x32_ptr and w32_ptr instead (``exact_tile``).
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
+    if EXACT_K > 0:
+        exact = tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        k_tiles = tl.where(exact, 0, k_tiles)
     if TMA:
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -194,6 +200,42 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         x_scale = tl.load(x_scale_ptr + rows, mask=rows < M, other=0.0)
         w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
         acc = acc * x_scale[:, None] * w_scale[None, :]  # powers of two, one at a time: exact
+    if EXACT_K > 0:
+        acc = exact_tile(acc, exact, x32_ptr, w32_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, EXACT_K)
+    return acc
+
+
+@triton.jit
+def tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Whether a row of the tile's x or W is flagged (a negative inverse scale: ``fp16_row_parts``)."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_scale = tl.load(x_scale_ptr + rows, mask=rows < M, other=1.0)
+    w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=1.0)
+    return (tl.min(x_scale, axis=0) < 0) | (tl.min(w_scale, axis=0) < 0)
+
+
+@triton.jit
+def exact_tile(acc, exact, x_ptr, w_ptr, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """acc + x[rows]·W[cols]ᵀ in float32 FMA from the float32 originals where ``exact``, else acc
+    (the loop runs no step). Each k-slice is summed apart and added, as ``split_dot`` does. One
+    stage: the fast loop's pipeline keeps the shared memory, and this path is the rare one."""
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.where(rm < M, rm, 0)
+    rn = tl.where(rn < N, rn, 0)
+    rk = tl.arange(0, BLOCK_K)
+    a_offsets = rm[:, None].to(tl.int64) * K + rk[None, :]
+    b_offsets = rn[:, None].to(tl.int64) * K + rk[None, :]
+    steps = tl.where(exact, tl.cdiv(K, BLOCK_K), 0)
+    for kt in tl.range(0, steps, num_stages=1):
+        k_ok = rk[None, :] < K - kt * BLOCK_K
+        a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
+        b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
+        acc += tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
+        a_offsets += BLOCK_K
+        b_offsets += BLOCK_K
     return acc
 
 
@@ -208,7 +250,9 @@ def fp16_scale(largest):
 
 
 @triton.jit
-def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                   col_weight_ptr=None, col_max_ptr=None, stats_ptr=None, FLAG: tl.constexpr = False,
+                   STATS: tl.constexpr = False, GROUP: tl.constexpr = 64):
     """One row of a float32 operand (K long, contiguous) per program, for the fp16 modes: s = 2^e
     puts the row's largest |value| in [2¹⁴, 2¹⁵), hi = float16(v·s) rounded to nearest (even),
     with SPLIT lo = float16(v·s − hi), and 1/s to inv_scale_ptr.
@@ -221,15 +265,28 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     gets s = 2⁻¹¹⁴ (inf·s stays inf). A NaN stays NaN: on an H100 the max passes over it and the
     row is scaled by its other values; the interpreter's max returns NaN and scales it as for inf
     (benchmarks/gpu/fp16_parts_edges.py: the GPU equals torch's arithmetic bit for bit otherwise,
-    denormal rows included)."""
+    denormal rows included).
+
+    The range check (docs/precision.md; FLAG or STATS) also folds each column's max |value| into
+    col_max_ptr (atomically, over rows) and measures each element's loss beyond the parts' normal
+    relative accuracy (2⁻²² of |v| split, 2⁻¹¹ not). FLAG (x): the row's losses weighted by
+    col_weight_ptr (W's column maxima, what a loss can reach) against the precision's own error
+    on the row (``flag_row``); a flagged row's 1/s is stored negated. STATS (W): per GROUP
+    columns the loss, Σ|v| and min |v|, for ``weight_flags``, and 1/s negated where the range
+    loses at least 1 element in WIDE_CANDIDATE: the rows ``weight_flags`` may flag."""
     row = tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK)
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in range(0, K, BLOCK):
         v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < K, other=0.0)
         largest = tl.maximum(largest, tl.abs(v))
+        if FLAG or STATS:
+            column_max_update(col_max_ptr + k + offsets, tl.abs(v), k + offsets < K)
     s, inv_s = fp16_scale(tl.max(largest))
     tl.store(inv_scale_ptr + row, inv_s)
+    excess = tl.zeros((BLOCK,), dtype=tl.float32)
+    budget = tl.zeros((BLOCK,), dtype=tl.float32)
+    lost = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in range(0, K, BLOCK):
         ok = k + offsets < K
         v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
@@ -237,6 +294,114 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
         tl.store(hi_ptr + row * K + k + offsets, hi, mask=ok)
         if SPLIT:
             tl.store(lo_ptr + row * K + k + offsets, (v - hi.to(tl.float32)).to(tl.float16), mask=ok)
+        if FLAG or STATS:
+            loss = parts_loss(v, hi, SPLIT)
+            if FLAG:
+                c = tl.load(col_weight_ptr + k + offsets, mask=ok, other=0.0)
+                excess += loss * c
+                budget += tl.abs(v) * c
+            if STATS:
+                group_stats(stats_ptr, row, tl.num_programs(0), k, K, loss, tl.abs(v), ok, BLOCK, GROUP)
+                lost += (loss > 0).to(tl.float32)
+    if FLAG:
+        tl.store(inv_scale_ptr + row, tl.where(flag_row(tl.sum(excess), tl.sum(budget), SPLIT), -inv_s, inv_s))
+    if STATS:
+        tl.store(inv_scale_ptr + row, tl.where(tl.sum(lost) * WIDE_CANDIDATE >= K, -inv_s, inv_s))
+
+
+# The range check's threshold: a row (or a column of the output) is flagged where the loss beyond the
+# parts' normal accuracy could exceed WIDE_RHO of the precision's own error bound on it (unit roundoff
+# ·Σ|x|·|W|: 2⁻²⁴ for fp32, 2⁻¹¹ for tf32). 1/4 keeps the excess, bounded worst case (every loss
+# aligned, weighted by the column's largest |W|), under a quarter of what float32 itself may lose;
+# ordinary rows sit ~2⁻¹⁵ below it (tests/interpreted/check_triton.py, wide_rows_flags).
+WIDE_RHO = tl.constexpr(0.25)
+# W's rows ``weight_flags`` may flag: those where at least 1 element in WIDE_CANDIDATE loses more than
+# the parts' normal accuracy. Its per-group bounds spread a column's x over its group, so without
+# this an ordinary row whose one tiny element shares a group with an outlier feature of x would be
+# flagged. A randn row has ~K·2.4e-5 such elements (below max·2⁻¹⁷); a row whose largest entries
+# are over 2¹⁷ (tf32: 2²⁸) times the rest has all the rest. The flag itself is ``weight_flags``'
+# measure of their effect (tests/interpreted/check_triton.py, wide_rows_flags).
+WIDE_CANDIDATE = tl.constexpr(64)
+
+
+@triton.jit
+def parts_loss(v, hi, SPLIT: tl.constexpr):
+    """|v − parts| beyond the parts' normal relative accuracy (2⁻²² split, 2⁻¹¹ not), ≥ 0: what the
+    float16 range (not its precision) loses of the scaled v."""
+    rest = v - hi.to(tl.float32)
+    if SPLIT:
+        rest = rest - rest.to(tl.float16).to(tl.float32)
+        return tl.maximum(tl.abs(rest) - 2.3841857910156250e-07 * tl.abs(v), 0.0)  # 2⁻²²
+    return tl.maximum(tl.abs(rest) - 4.8828125e-04 * tl.abs(v), 0.0)  # 2⁻¹¹
+
+
+@triton.jit
+def flag_row(excess, budget, SPLIT: tl.constexpr):
+    """excess > WIDE_RHO · unit roundoff · budget (fp32's 2⁻²⁴ under SPLIT, else tf32's 2⁻¹¹)."""
+    if SPLIT:
+        return excess > WIDE_RHO * 5.9604644775390625e-08 * budget
+    return excess > WIDE_RHO * 4.8828125e-04 * budget
+
+
+@triton.jit
+def column_max_update(ptr, a, ok):
+    """ptr[i] = max(ptr[i], a[i]) over every program, for non-negative a; the atomic only where a
+    exceeds what is already there (a max only grows, so a stale read costs an atomic, never a value)."""
+    current = tl.load(ptr, mask=ok, other=0.0)
+    tl.atomic_max(ptr, a, mask=ok & (a > current))
+
+
+@triton.jit
+def group_stats(stats_ptr, row, rows, k, K, loss, a, ok, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """Per GROUP columns of one row: Σ loss, Σ |v| and min |v| into stats_ptr (3 × rows × groups)."""
+    groups = tl.cdiv(K, GROUP)
+    g = k // GROUP + tl.arange(0, BLOCK // GROUP)
+    out = stats_ptr + row * groups + g
+    g_ok = g < groups
+    tl.store(out, tl.sum(tl.reshape(loss, (BLOCK // GROUP, GROUP)), axis=1), mask=g_ok)
+    tl.store(out + rows * groups, tl.sum(tl.reshape(a, (BLOCK // GROUP, GROUP)), axis=1), mask=g_ok)
+    smallest = tl.reshape(tl.where(ok, a, float("inf")), (BLOCK // GROUP, GROUP))
+    tl.store(out + 2 * rows * groups, tl.min(smallest, axis=1), mask=g_ok)
+
+
+@triton.jit
+def weight_flags(stats_ptr, d_ptr, inv_scale_ptr, flagged_scale_ptr, N, K, SPLIT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """W's side of the range check, per call: row j of W (a column of the output) is flagged where
+    Σ_g loss_jg·max_{k∈g} d_k > WIDE_RHO·u·max(Σ_g Σ|W_j|_g·min_{k∈g} d_k, Σ_g min|W_j|_g·Σ_{k∈g} d_k),
+    d_k = max_i |x_ik| (``fp16_row_parts``' column maxima). Each side bounds ``flag_row``'s sums for
+    W's rows from the GROUP-column stats (``group_stats``): the loss above, the budget below, so a
+    candidate row (WIDE_CANDIDATE) that test would flag is flagged. Writes W's inverse scales,
+    negated where flagged, for this call.
+    d is divided by its max first: the products stay finite for any float32 input."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    groups = tl.cdiv(K, GROUP)
+    cols = tl.arange(0, BLOCK_G * GROUP)
+    top = tl.zeros((BLOCK_G * GROUP,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_G * GROUP):
+        top = tl.maximum(top, tl.load(d_ptr + k + cols, mask=k + cols < K, other=0.0))
+    inv_top = 1.0 / tl.maximum(tl.max(top, axis=0), 1.1754943508222875e-38)  # float32's least normal
+    excess = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    by_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    by_min = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_G * GROUP):
+        ok = k + cols < K
+        flat = tl.load(d_ptr + k + cols, mask=ok, other=0.0) * inv_top
+        d = tl.reshape(flat, (BLOCK_G, GROUP))
+        d_low = tl.min(tl.reshape(tl.where(ok, flat, float("inf")), (BLOCK_G, GROUP)), axis=1)
+        g = k // GROUP + tl.arange(0, BLOCK_G)
+        at = stats_ptr + rows[:, None] * groups + g[None, :]
+        mask = row_ok[:, None] & (g < groups)[None, :]
+        loss = tl.load(at, mask=mask, other=0.0)
+        total = tl.load(at + N * groups, mask=mask, other=0.0)
+        smallest = tl.load(at + 2 * N * groups, mask=mask, other=0.0)
+        excess += tl.sum(loss * tl.max(d, axis=1)[None, :], axis=1)
+        by_sum += tl.sum(total * tl.where(g < groups, d_low, 0.0)[None, :], axis=1)
+        by_min += tl.sum(smallest * tl.sum(d, axis=1)[None, :], axis=1)
+    inv_s = tl.load(inv_scale_ptr + rows, mask=row_ok, other=1.0)  # negative: a candidate (``fp16_row_parts``)
+    flagged = (inv_s < 0) & flag_row(excess, tl.maximum(by_sum, by_min), SPLIT)
+    tl.store(flagged_scale_ptr + rows, tl.where(flagged, -tl.abs(inv_s), tl.abs(inv_s)), mask=row_ok)
 
 
 @triton.jit
@@ -290,7 +455,8 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
 def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr, w_scale_ptr,
                     epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                    INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr):
+                    INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
+                    EXACT_K: tl.constexpr = 0):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -304,7 +470,8 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     separate arguments: Triton 3.6's CUDA launcher unpacks tensor descriptors at the top level only.
     The arguments keep the order the per-problem kernels had (operands, the epilogue's, M, N, K):
     with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
-    clamp_lse_partials kernel at 255 registers spilled where it had not.
+    clamp_lse_partials kernel at 255 registers spilled where it had not. ``x32_ptr``, ``w32_ptr`` and
+    EXACT_K are the range check's exact path (``tile_accumulator``), None and 0 where it is off.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -312,7 +479,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
                                w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE, TMA, EVEN_K,
-                               INTERPRET)
+                               INTERPRET, x32_ptr, w32_ptr, EXACT_K)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)

@@ -6,6 +6,7 @@ when a kernel module is first asked for (``kernel_module``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -16,6 +17,8 @@ import torch
 
 # An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
 # inverse scales (else None): what ``triton_variant.input_operands`` and ``weight_operands`` return.
+# The range-checked float16 paths append a fourth element: the float32 source for the GEMM's exact
+# path (``fp16_input_parts``), or in W's cached operand its ``WideCheck``.
 Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
@@ -45,18 +48,70 @@ def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, round_tf32(t - hi)
 
 
-def fp16_parts(t: torch.Tensor, split: bool) -> Operand:
+def fp16_parts(t: torch.Tensor, split: bool, **check: Any) -> Operand:
     """(hi, lo, inverse row scales) of a contiguous 2-D float32 ``t`` in float16, one program per
-    row (``triton_gemm.fp16_row_parts``); lo is hi again unless ``split``."""
+    row (``gemm.fp16_row_parts``); lo is hi again unless ``split``. ``check`` holds the
+    range check's arguments of that kernel, if any (``fp16_weight_parts``, ``fp16_input_parts``)."""
     rows, cols = t.shape
     hi = torch.empty(rows, cols, device=t.device, dtype=torch.float16)
     lo = torch.empty_like(hi) if split else hi
     inv_scale = torch.empty(rows, device=t.device)
     if rows:
-        block = min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
+        block = row_parts_block(cols)
         gemm_kernels().fp16_row_parts[(rows,)](t, hi, lo, inv_scale, cols, SPLIT=split, BLOCK=block,
-                                               num_warps=4 if block <= 1024 else 8)
+                                               num_warps=4 if block <= 1024 else 8, **check)
     return hi, lo, inv_scale
+
+
+def row_parts_block(cols: int) -> int:
+    """Columns ``fp16_row_parts`` takes per step: the row whole up to 2048, at least 16."""
+    return min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
+
+
+# The range check (docs/precision.md; ``gemm.fp16_row_parts``): W's columns per group of its
+# statistics, a group of W's rows per program of ``weight_flags``, groups per step there, and the
+# k-slice of the exact path (``gemm.exact_tile``: float32 FMA, one stage).
+WIDE_GROUP, WIDE_ROWS, WIDE_GROUPS, EXACT_K = 64, 32, 16, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class WideCheck:
+    """W's side of the range check, made with W's float16 parts and kept with them: W itself (the
+    exact path's operand), its column maxima over their max (how far an x loss reaches) and its
+    rows' per-group statistics (``gemm.group_stats``)."""
+
+    source: torch.Tensor
+    col_weight: torch.Tensor
+    stats: torch.Tensor
+
+
+def fp16_weight_parts(w: torch.Tensor, split: bool) -> tuple[Operand, WideCheck]:
+    """W's float16 ``Operand`` (``fp16_parts``) and its ``WideCheck``, in one pass over W."""
+    rows, cols = w.shape
+    col_max = torch.zeros(cols, device=w.device)
+    group = min(WIDE_GROUP, row_parts_block(cols))
+    stats = torch.empty(3, rows, -(-cols // group), device=w.device)
+    parts = fp16_parts(w, split, col_max_ptr=col_max, stats_ptr=stats, STATS=True, GROUP=group)
+    col_weight = col_max / col_max.amax().clamp_min(torch.finfo(torch.float32).tiny) if cols else col_max
+    return parts, WideCheck(w, col_weight, stats)
+
+
+def fp16_input_parts(x: torch.Tensor, split: bool, weights: Operand, check: WideCheck) -> tuple[Operand, Operand]:
+    """x's float16 parts and W's for this call, each with its source appended (the exact path's
+    operand) and its rows' inverse scales negated where the parts cannot carry them: x's rows by
+    ``fp16_row_parts``, W's by ``weight_flags`` from x's column maxima. No host sync: the GEMM
+    reads the signs (``gemm.tile_flagged``)."""
+    cols = x.shape[1]
+    n = weights[0].shape[0]
+    col_max = torch.zeros(cols, device=x.device)
+    hi, lo, x_scale = fp16_parts(x, split, col_weight_ptr=check.col_weight, col_max_ptr=col_max, FLAG=True)
+    w_scale = torch.empty_like(weights[2])
+    if n:
+        group = min(WIDE_GROUP, row_parts_block(cols))
+        gemm_kernels().weight_flags[(-(-n // WIDE_ROWS),)](check.stats, col_max, weights[2], w_scale, n, cols,
+                                                           SPLIT=split, BLOCK_N=WIDE_ROWS, GROUP=group,
+                                                           BLOCK_G=WIDE_GROUPS, num_warps=4)
+    return (hi, lo, x_scale, x), (weights[0], weights[1], w_scale, check.source)
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:
@@ -125,18 +180,21 @@ def launch_grid(m: int, n: int, block_m: int, block_n: int, persistent: bool, de
 
 def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[int, int, int] | None,
                   w_descs: tuple | None = None) -> dict[str, Any]:
-    """The ten operand arguments of ``gemm.persistent_gemm``, built here once for every launch:
+    """The operand arguments of ``gemm.persistent_gemm``, built here once for every launch:
     pointers, or with ``tma_blocks`` (BLOCK_M, BLOCK_N, BLOCK_K) tensor descriptors (W's
     ``w_descs`` where already made); the low parts only if ``split``; the float16 rows' scales
-    (None but on the float16 paths).
+    (None but on the float16 paths); and where the operands carry their sources (a fourth
+    element, the range-checked float16 paths), those and the exact path's k-slice.
 
     Operands the kernel does not read are None: Triton makes a None argument a constant, so
     neither its binding nor the launcher's descriptor encoding costs host time per call."""
-    (x, x_lo, x_scale), (w, w_lo, w_scale) = xs, weights
+    (x, x_lo, x_scale), (w, w_lo, w_scale) = xs[:3], weights[:3]
     if not split:
         x_lo = w_lo = None
     args = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": None, "x_lo_desc": None,
             "w_desc": None, "w_lo_desc": None, "x_scale_ptr": x_scale, "w_scale_ptr": w_scale}
+    if len(xs) > 3:  # range-checked float16 parts (``fp16_input_parts``): flagged tiles multiply the sources
+        args.update(x32_ptr=xs[3], w32_ptr=weights[3], EXACT_K=EXACT_K)
     if tma_blocks is None:
         args.update(x_ptr=x, x_lo_ptr=x_lo, w_ptr=w, w_lo_ptr=w_lo)
         return args

@@ -36,7 +36,9 @@ from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.host import (
     Operand,
     descriptors,
-    fp16_parts,
+    fp16_input_parts,
+    fp16_parts,  # noqa: F401 - the float16 parts' kernel, as tests/interpreted/check_triton.py reaches it
+    fp16_weight_parts,
     gemm_kernels,
     interpreting,
     kernel_module,
@@ -157,15 +159,18 @@ def weight_operands(w: torch.Tensor, operands: str) -> Operand:
     if operands == "cast_pass":
         wb = w.bfloat16()
         return wb, wb, None
-    if operands in ("split_fp16", "scaled_fp16"):
-        return fp16_parts(w.contiguous(), split=operands == "split_fp16")
+    if operands in ("split_fp16", "scaled_fp16"):  # with the range check's WideCheck (``fp16_weight_parts``)
+        parts, check = fp16_weight_parts(w.contiguous(), split=operands == "split_fp16")
+        return (*parts, check)
     w = w.contiguous()
     return w, w, None
 
 
-def input_operands(x: torch.Tensor, operands: str) -> Operand:
+def input_operands(x: torch.Tensor, operands: str, weights: tuple | None = None) -> Operand:
     """x's ``Operand`` for ``operands``: one pass over x where they need one (a Triton kernel for
-    the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192)."""
+    the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192). The float16
+    paths take W's cached operand and return (x's, W's for this call): the range check flags rows
+    of both that the float16 parts cannot carry (``fp16_input_parts``)."""
     block = 4096
     if operands == "split_trunc":  # hi is x: the tensor cores truncate it
         lo = torch.empty_like(x)
@@ -182,7 +187,7 @@ def input_operands(x: torch.Tensor, operands: str) -> Operand:
         xb = x.bfloat16()
         return xb, xb, None
     if operands in ("split_fp16", "scaled_fp16"):
-        return fp16_parts(x, split=operands == "split_fp16")
+        return fp16_input_parts(x, operands == "split_fp16", weights[:3], weights[3])
     return x, x, None
 
 
@@ -270,9 +275,9 @@ class TritonVariant(Variant):
         w_descs = None
         if p["tma"]:
             cached = self.__dict__.get("_w_descs")
-            if cached is None or cached[0] is not weights:
+            if cached is None or cached[0] is not weights[0]:  # W's parts; the float16 paths' scales vary per call
                 w_parts = (weights[0], weights[1] if split else None)
-                cached = self._w_descs = (weights, descriptors(w_parts, p["block_n"], p["block_k"]))
+                cached = self._w_descs = (weights[0], descriptors(w_parts, p["block_n"], p["block_k"]))
             w_descs = cached[1]
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] else None
         operands = loop_operands(xs, weights, split, blocks, w_descs)
@@ -315,7 +320,10 @@ class TritonVariant(Variant):
         weights = self._weights.get([weight], lambda: weight_operands(w, operands), extra=(operands,))
         b = torch.zeros(n_out, device=x.device) if bias is None else operand(bias, f"{name}.bias", (n_out,), x.device)
         x = x.detach().contiguous()
-        xs = input_operands(x, operands)
+        if operands in ("split_fp16", "scaled_fp16"):
+            xs, weights = input_operands(x, operands, weights)
+        else:
+            xs = input_operands(x, operands)
         return (xs[0] if xs[0].dtype == torch.bfloat16 else x), xs, weights, b
 
     @staticmethod

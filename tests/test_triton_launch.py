@@ -13,6 +13,20 @@ from autofuse.kernels.triton.variant import triton_missing
 pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
 
 
+
+
+def _launch_module():
+    from autofuse.kernels.triton import launch as triton_launch
+
+    return triton_launch
+
+
+# The launcher's own tests skip under a Triton it does not know (its kernels then launch through
+# Triton's path: test_a_triton_the_launcher_does_not_know_...).
+STEPS_ASIDE = None if triton_missing() is not None else _launch_module().unsupported()
+needs_launcher = pytest.mark.skipif(STEPS_ASIDE is not None, reason=f"the launcher steps aside here: {STEPS_ASIDE}")
+
+
 class FakeKernel:
     """A CompiledKernel that records its launches."""
 
@@ -44,13 +58,21 @@ def compiled_module(monkeypatch, name: str):
 
 @pytest.fixture
 def launcher(monkeypatch):
-    """(a Launcher of the real ``tf32_parts`` whose JIT path is recorded, the JIT calls, the kernel)."""
+    if STEPS_ASIDE is not None:
+        pytest.skip(f"the launcher steps aside here: {STEPS_ASIDE}")
+    # tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: constexpr, BLOCK: constexpr)
+    return make_launcher(monkeypatch, "autofuse.kernels.triton.gemm", "tf32_parts")
+
+
+def make_launcher(monkeypatch, module, name):
+    """(a Launcher of the real kernel ``name`` of ``module`` whose JIT path is recorded, the JIT
+    calls, the kernel)."""
     from triton.runtime.jit import JITFunction
 
     from autofuse.kernels.triton import launch as triton_launch
 
-    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
-    assert isinstance(gemm.tf32_parts, JITFunction)
+    fn = getattr(compiled_module(monkeypatch, module), name)
+    assert isinstance(fn, JITFunction)
     monkeypatch.setattr(triton_launch, "driver", FakeDriver)
     kernel, jit_calls = FakeKernel(), []
 
@@ -58,7 +80,6 @@ def launcher(monkeypatch):
         jit_calls.append((grid, args, kwargs))
         return kernel
 
-    fn = gemm.tf32_parts  # (src_ptr, hi_ptr, lo_ptr, n, SPLIT: constexpr, BLOCK: constexpr)
     monkeypatch.setattr(fn, "run", jit_run)
     return triton_launch.Launcher(fn), jit_calls, kernel
 
@@ -122,6 +143,7 @@ def test_a_missing_argument_is_triton_s_own_error(launcher):
     assert len(jit_calls) == 1  # the JIT path got it, and raises there for a real kernel
 
 
+@needs_launcher
 def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypatch):
     from autofuse.kernels.triton.launch import Kernels, Launcher
 
@@ -132,6 +154,7 @@ def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypa
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
 
 
+@needs_launcher
 def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkeypatch):
     """Triton compiles a descriptor's dtype and block shape in, and takes its base, shape and
     strides at launch: another block shape goes back to the JIT path, another tensor does not.
@@ -166,3 +189,109 @@ def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkey
     assert args[fn.arg_names.index("x_desc")].base.shape == (24, 64)
     call(torch.zeros(40, 64), torch.zeros(48, 64), 32)  # another block shape: compiled in
     assert len(jit_calls) == 2
+
+
+@pytest.fixture
+def fresh_verdict(monkeypatch):
+    """The launcher's verdict on this process's Triton worked out anew, and nothing said yet; both
+    back as they were after the test."""
+    triton_launch = _launch_module()
+    triton_launch.unsupported.cache_clear()
+    monkeypatch.setattr(triton_launch, "_said", set())
+    yield triton_launch
+    triton_launch.unsupported.cache_clear()
+
+
+@pytest.mark.parametrize("fake", ["3.99.0", "2.3.1+git1a2b3c", "no knobs.runtime.launch_enter_hook"])
+def test_a_triton_the_launcher_does_not_know_launches_through_triton_s_own_path_said_once(
+        monkeypatch, caplog, fresh_verdict, fake):
+    """An unknown release, or a known one without an internal the launcher calls: the kernels are
+    the ``JITFunction``s themselves, every launch goes through ``kernel[grid]``, and the reason is
+    logged once for the process, however many kernels and modules are handed out."""
+    import types
+
+    import triton
+
+    triton_launch = fresh_verdict
+    if fake.startswith("no "):
+        monkeypatch.setattr(triton_launch, "knobs", types.SimpleNamespace(runtime=types.SimpleNamespace()))
+        expected = "launch_enter_hook"
+    else:
+        monkeypatch.setattr(triton, "__version__", fake)
+        expected = fake
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    jit_calls = []
+    monkeypatch.setattr(gemm.tf32_parts, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(grid))
+    with caplog.at_level("WARNING", logger="autofuse"):
+        kernels = triton_launch.Kernels("autofuse.kernels.triton.gemm")
+        assert kernels.tf32_parts is gemm.tf32_parts  # Triton's own launcher
+        for _ in range(2):
+            kernels.tf32_parts[(1,)](torch.zeros(8), torch.zeros(8), torch.zeros(8), 8, SPLIT=False, BLOCK=8)
+        assert kernels.fp16_row_parts is gemm.fp16_row_parts
+        assert triton_launch.Kernels("autofuse.kernels.triton.gemm").transpose is gemm.transpose
+    assert jit_calls == [(1,), (1,)]
+    said = [r.getMessage() for r in caplog.records if "own launcher" in r.getMessage()]
+    assert len(said) == 1 and expected in said[0], said
+
+
+@pytest.mark.parametrize("version,release", [("3.6.0", (3, 6)), ("3.7.1", (3, 7)), ("3.10.0+git1a2b", (3, 10)),
+                                             ("nightly", None)])
+def test_a_release_is_its_major_and_minor_version(version, release):
+    assert _launch_module()._release(version) == release
+
+
+def triton_key(fn, args, kwargs):
+    """The specialization and options Triton's binder gives a launch on an H100 (sm_90): what its
+    kernel cache is keyed on (``JITFunction.run``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+    _, specialization, options = bind(*args, **kwargs)
+    return str(specialization), sorted(options.items())
+
+
+def _tf32_parts_call(src, n=64):
+    return (src, torch.zeros(64), torch.zeros(64), n), {"SPLIT": True, "BLOCK": 32, "num_warps": 4}
+
+
+def _descriptor_call(x, w, padding="zero"):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    descriptor = lambda t: TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16], padding)  # noqa: E731
+    return (), {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": descriptor(x),
+                "x_lo_desc": None, "w_desc": descriptor(w), "w_lo_desc": None, "x_scale_ptr": None,
+                "w_scale_ptr": None, "bias_ptr": torch.zeros(48), "y_ptr": torch.zeros(48), "q_ptr": torch.zeros(48),
+                "part_max_ptr": torch.zeros(40, 3), "part_sum_ptr": torch.zeros(40, 3), "t": 2.0, "lo": -1.0,
+                "hi": 1.0, "M": 40, "N": 48, "K": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
+                "MODE": "tf32", "TMA": True, "EVEN_K": True, "INTERPRET": False, "SAVE_Y": False, "SAVE_Q": False,
+                "num_warps": 4, "num_stages": 2}
+
+
+# Pairs of launches the launcher serves from one kept kernel: other values of what it leaves out of its key.
+SAME_KERNEL = {
+    "another tensor": ("tf32_parts", _tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.ones(64))),
+    "another length": ("tf32_parts", _tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.zeros(1000))),
+    "16 bytes in": ("tf32_parts", _tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.zeros(68)[4:])),
+    "descriptor's tensor and shape": ("gemm_clamp_lse_partials", _descriptor_call(torch.zeros(40, 64), torch.zeros(48, 64)),
+                                      _descriptor_call(torch.ones(24, 64), torch.ones(48, 64))),
+    "descriptor's strides": ("gemm_clamp_lse_partials", _descriptor_call(torch.zeros(40, 64), torch.zeros(48, 64)),
+                             _descriptor_call(torch.zeros(40, 128)[:, :64], torch.zeros(48, 64))),
+}
+
+
+@needs_launcher
+@pytest.mark.parametrize("case", list(SAME_KERNEL))
+def test_what_the_launcher_serves_from_one_kernel_the_installed_triton_specializes_alike(monkeypatch, case):
+    """The key's soundness against the binder of the Triton installed, whichever release of
+    ``KNOWN`` that is: a launch the launcher serves from a kept kernel, Triton would have served
+    from the same one."""
+    name, (args, kwargs), (other_args, other_kwargs) = SAME_KERNEL[case]
+    module = "autofuse.kernels.triton.gemm" if name == "tf32_parts" else \
+        "autofuse.variants.matmul_clamp_lse_mish.triton_kernels"
+    launch, jit_calls, kernel = make_launcher(monkeypatch, module, name)
+    launch[(1,)](*args, **kwargs)
+    launch[(1,)](*other_args, **other_kwargs)
+    assert len(jit_calls) == 1 and len(kernel.launches) == 1, f"{case}: the launcher did not keep the kernel"
+    assert triton_key(launch.fn, args, kwargs) == triton_key(launch.fn, other_args, other_kwargs)

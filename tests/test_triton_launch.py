@@ -300,3 +300,30 @@ def test_what_the_launcher_serves_from_one_kernel_the_installed_triton_specializ
     launch[(1,)](*other_args, **other_kwargs)
     assert len(jit_calls) == 1 and len(kernel.launches) == 1, f"{case}: the launcher did not keep the kernel"
     assert triton_key(launch.fn, args, kwargs) == triton_key(launch.fn, other_args, other_kwargs)
+
+
+@pytest.mark.gpu
+@needs_launcher
+def test_the_kept_kernel_launches_for_real_on_the_gpu(monkeypatch):
+    """Under the Triton installed: the first launch goes through ``JITFunction``, the next two call
+    the kept ``CompiledKernel`` on other tensors, and each writes what the kernel is for (the torch
+    rounding ``round_tf32``, bit for bit). test_triton_gpu.py runs every variant, TMA descriptors
+    included, through the launcher."""
+    import triton
+
+    from autofuse.kernels.triton import launch as triton_launch
+    from autofuse.kernels.triton.host import round_tf32
+
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    fn, jit_runs = gemm.tf32_parts, []
+    jit_run = fn.run
+    monkeypatch.setattr(fn, "run", lambda *args, **kwargs: jit_runs.append(1) or jit_run(*args, **kwargs))
+    launch = triton_launch.Launcher(fn)
+    n = 1000
+    for _ in range(3):
+        src = torch.randn(n, device="cuda") * 1e3
+        hi, lo = torch.full_like(src, float("nan")), torch.full_like(src, float("nan"))
+        launch[(-(-n // 256),)](src, hi, lo, n, SPLIT=True, BLOCK=256, num_warps=4)
+        torch.cuda.synchronize()
+        assert torch.equal(hi, round_tf32(src)) and torch.equal(lo, round_tf32(src - hi))
+    assert len(jit_runs) == 1, f"Triton {triton.__version__}: the launcher went back to the JIT path"

@@ -137,6 +137,18 @@ def test_launch_hooks_and_callable_grids_take_the_jit_path(launcher):
     assert len(kernel.launches) == 1
 
 
+def test_a_stages_inspection_hook_takes_the_jit_path(launcher, monkeypatch):
+    """Triton 3.7 on appends the hook's hash to the specialization it keys kernels on."""
+    from triton import knobs
+
+    launch, jit_calls, kernel = launcher
+    args = (torch.zeros(8), torch.zeros(8), torch.zeros(8), 8)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda: ("key", "hash"), raising=False)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    assert len(jit_calls) == 2 and kernel.launches == []
+
+
 def test_a_missing_argument_is_triton_s_own_error(launcher):
     launch, jit_calls, _ = launcher
     launch[(1,)](torch.zeros(8), torch.zeros(8), torch.zeros(8), 8, SPLIT=False)  # BLOCK missing

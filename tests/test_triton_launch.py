@@ -266,34 +266,37 @@ def triton_key(fn, args, kwargs):
     return str(specialization), sorted(options.items())
 
 
-def _tf32_parts_call(src, n=64):
-    return (src, torch.zeros(64), torch.zeros(64), n), {"SPLIT": True, "BLOCK": 32, "num_warps": 4}
+def probe_kernel():
+    """A kernel with an argument of each kind the variants pass (its body is never compiled here)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(t_ptr, desc, n, scale, flag, BLOCK: tl.constexpr):
+        pass
+
+    return probe
 
 
-def _descriptor_call(x, w, padding="zero"):
+def probe_call(t, x):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    descriptor = lambda t: TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16], padding)  # noqa: E731
-    return (), {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": descriptor(x),
-                "x_lo_desc": None, "w_desc": descriptor(w), "w_lo_desc": None, "x_scale_ptr": None,
-                "w_scale_ptr": None, "bias_ptr": torch.zeros(48), "y_ptr": torch.zeros(48), "q_ptr": torch.zeros(48),
-                "part_max_ptr": torch.zeros(40, 3), "part_sum_ptr": torch.zeros(40, 3), "t": 2.0, "lo": -1.0,
-                "hi": 1.0, "M": 40, "N": 48, "K": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2,
-                "MODE": "tf32", "TMA": True, "EVEN_K": True, "INTERPRET": False, "SAVE_Y": False, "SAVE_Q": False,
-                "num_warps": 4, "num_stages": 2}
+    return (t, TensorDescriptor.from_tensor(x, [16, 16]), 64, 2.0, True), {"BLOCK": 16, "num_warps": 4}
 
 
 # Pairs of launches the launcher serves from one kept kernel: other values of what it leaves out of
 # its key. Made in the test (a Triton without TensorDescriptor must still collect this module).
 SAME_KERNEL = {
-    "another tensor": ("tf32_parts", lambda: (_tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.ones(64)))),
-    "another length": ("tf32_parts", lambda: (_tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.zeros(1000)))),
-    "16 bytes in": ("tf32_parts", lambda: (_tf32_parts_call(torch.zeros(64)), _tf32_parts_call(torch.zeros(68)[4:]))),
-    "descriptor's tensor and shape": ("gemm_clamp_lse_partials", lambda: (
-        _descriptor_call(torch.zeros(40, 64), torch.zeros(48, 64)), _descriptor_call(torch.ones(24, 64), torch.ones(48, 64)))),
-    "descriptor's strides": ("gemm_clamp_lse_partials", lambda: (
-        _descriptor_call(torch.zeros(40, 64), torch.zeros(48, 64)),
-        _descriptor_call(torch.zeros(40, 128)[:, :64], torch.zeros(48, 64)))),
+    "another tensor": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                               probe_call(torch.ones(64), torch.zeros(40, 64))),
+    "another length": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                               probe_call(torch.zeros(1000), torch.zeros(40, 64))),
+    "16 bytes in": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                            probe_call(torch.zeros(68)[4:], torch.zeros(40, 64))),
+    "descriptor's tensor and shape": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                                              probe_call(torch.zeros(64), torch.ones(24, 64))),
+    "descriptor's strides": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                                     probe_call(torch.zeros(64), torch.zeros(40, 128)[:, :64])),
 }
 
 
@@ -303,15 +306,19 @@ def test_what_the_launcher_serves_from_one_kernel_the_installed_triton_specializ
     """The key's soundness against the binder of the Triton installed, whichever release of
     ``KNOWN`` that is: a launch the launcher serves from a kept kernel, Triton would have served
     from the same one."""
-    name, calls = SAME_KERNEL[case]
-    (args, kwargs), (other_args, other_kwargs) = calls()
-    module = "autofuse.kernels.triton.gemm" if name == "tf32_parts" else \
-        "autofuse.variants.matmul_clamp_lse_mish.triton_kernels"
-    launch, jit_calls, kernel = make_launcher(monkeypatch, module, name)
+    from autofuse.kernels.triton import launch as triton_launch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    fn = probe_kernel()
+    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
+    kernel, jit_calls = FakeKernel(), []
+    monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(grid) or kernel)
+    launch = triton_launch.Launcher(fn)
+    (args, kwargs), (other_args, other_kwargs) = SAME_KERNEL[case]()
     launch[(1,)](*args, **kwargs)
     launch[(1,)](*other_args, **other_kwargs)
     assert len(jit_calls) == 1 and len(kernel.launches) == 1, f"{case}: the launcher did not keep the kernel"
-    assert triton_key(launch.fn, args, kwargs) == triton_key(launch.fn, other_args, other_kwargs)
+    assert triton_key(fn, args, kwargs) == triton_key(fn, other_args, other_kwargs)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,8 @@ kernel Triton would have picked, and a miss goes through ``JITFunction`` (compil
 must) and remembers what it returned. It steps aside for launch hooks (profilers), pre-run hooks,
 a stages-inspection hook, a callable grid, and Triton's interpreter (whose kernels are not
 ``JITFunction``s). Triton's process-wide debug and instrumentation settings are read at a key's
-first launch only. A GEMM launch took 24-34 µs through it on the H100, 35-37 through ``JITFunction``.
+first launch only. A GEMM launch took 24-34 µs through it on the H100, 35-37 through ``JITFunction``
+(tests/device/launch_overhead.py).
 
 Triton's internals it relies on, none of them public API:
 - ``JITFunction.params`` (``name``, ``has_default``, ``default``) and ``pre_run_hooks``; a launch

@@ -26,7 +26,8 @@ def _release(version: str) -> tuple[int, ...]:
 
 def unusable() -> str | None:
     """Why the Triton (and numpy) installed cannot run these checks, or None. The test extra takes
-    whatever release the user's torch requires; these pass under 3.6.0 and 3.9.0."""
+    whatever release the user's torch requires; these pass under 3.6.0 with numpy 2.3, and 3.7.1,
+    3.8.0 and 3.9.0 with numpy 2.4."""
     if triton_missing() is not None:
         return f"needs triton: {triton_missing()}"
     import numpy

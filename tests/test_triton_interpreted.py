@@ -9,6 +9,7 @@ included), and that the checks can fail at all (a tanh-GELU mutant is rejected).
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,32 @@ from autofuse.kernels.triton.variant import triton_missing
 
 SCRIPT = pathlib.Path(__file__).parent / "interpreted" / "check_triton.py"
 
-pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
+def unusable() -> str | None:
+    """Why the Triton (and numpy) installed cannot run these checks, or None. The test extra takes
+    whatever release the user's torch requires; these pass under 3.6.0 with numpy 2.3, and 3.7.1,
+    3.8.0 and 3.9.0 with numpy 2.4."""
+    if triton_missing() is not None:
+        return f"needs triton: {triton_missing()}"
+    import numpy
+    import triton
+
+    version = triton.__version__
+    if _release(version) < (3, 6):
+        return (f"Triton {version}'s interpreter cannot run the TMA configurations: before 3.6 it checks that a "
+                "descriptor's strides are 16-byte aligned in elements, not bytes (3.3 and older have no "
+                "triton.tools.tensor_descriptor at all)")
+    if _release(version) < (3, 7) and _release(numpy.__version__) >= (2, 4):
+        return (f"Triton {version}'s interpreter calls int() on one-element arrays, an error since numpy 2.4 "
+                f"(numpy {numpy.__version__} is installed); 3.7 squeezes them first")
+    return None
+
+
+pytestmark = pytest.mark.skipif(unusable() is not None, reason=str(unusable()))
 
 
 def _run(*args):

@@ -13,6 +13,20 @@ from autofuse.kernels.triton.variant import triton_missing
 pytestmark = pytest.mark.skipif(triton_missing() is not None, reason=f"needs triton: {triton_missing()}")
 
 
+
+
+def _launch_module():
+    from autofuse.kernels.triton import launch as triton_launch
+
+    return triton_launch
+
+
+# The launcher's own tests skip under a Triton it does not know (its kernels then launch through
+# Triton's path: test_a_triton_the_launcher_does_not_know_...).
+STEPS_ASIDE = None if triton_missing() is not None else _launch_module().unsupported()
+needs_launcher = pytest.mark.skipif(STEPS_ASIDE is not None, reason=f"the launcher steps aside here: {STEPS_ASIDE}")
+
+
 class FakeKernel:
     """A CompiledKernel that records its launches."""
 
@@ -44,13 +58,21 @@ def compiled_module(monkeypatch, name: str):
 
 @pytest.fixture
 def launcher(monkeypatch):
-    """(a Launcher of the real ``tf32_parts`` whose JIT path is recorded, the JIT calls, the kernel)."""
+    if STEPS_ASIDE is not None:
+        pytest.skip(f"the launcher steps aside here: {STEPS_ASIDE}")
+    # tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: constexpr, BLOCK: constexpr)
+    return make_launcher(monkeypatch, "autofuse.kernels.triton.gemm", "tf32_parts")
+
+
+def make_launcher(monkeypatch, module, name):
+    """(a Launcher of the real kernel ``name`` of ``module`` whose JIT path is recorded, the JIT
+    calls, the kernel)."""
     from triton.runtime.jit import JITFunction
 
     from autofuse.kernels.triton import launch as triton_launch
 
-    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
-    assert isinstance(gemm.tf32_parts, JITFunction)
+    fn = getattr(compiled_module(monkeypatch, module), name)
+    assert isinstance(fn, JITFunction)
     monkeypatch.setattr(triton_launch, "driver", FakeDriver)
     kernel, jit_calls = FakeKernel(), []
 
@@ -58,7 +80,6 @@ def launcher(monkeypatch):
         jit_calls.append((grid, args, kwargs))
         return kernel
 
-    fn = gemm.tf32_parts  # (src_ptr, hi_ptr, lo_ptr, n, SPLIT: constexpr, BLOCK: constexpr)
     monkeypatch.setattr(fn, "run", jit_run)
     return triton_launch.Launcher(fn), jit_calls, kernel
 
@@ -116,12 +137,25 @@ def test_launch_hooks_and_callable_grids_take_the_jit_path(launcher):
     assert len(kernel.launches) == 1
 
 
+def test_a_stages_inspection_hook_takes_the_jit_path(launcher, monkeypatch):
+    """Triton 3.7 on appends the hook's hash to the specialization it keys kernels on."""
+    from triton import knobs
+
+    launch, jit_calls, kernel = launcher
+    args = (torch.zeros(8), torch.zeros(8), torch.zeros(8), 8)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda: ("key", "hash"), raising=False)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    assert len(jit_calls) == 2 and kernel.launches == []
+
+
 def test_a_missing_argument_is_triton_s_own_error(launcher):
     launch, jit_calls, _ = launcher
     launch[(1,)](torch.zeros(8), torch.zeros(8), torch.zeros(8), 8, SPLIT=False)  # BLOCK missing
     assert len(jit_calls) == 1  # the JIT path got it, and raises there for a real kernel
 
 
+@needs_launcher
 def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypatch):
     from autofuse.kernels.triton.launch import Kernels, Launcher
 
@@ -188,6 +222,7 @@ def test_the_epilogue_is_keyed_by_which_function_it_is(monkeypatch):
     assert len(jit_calls) == 2 and kernel.launches == []
 
 
+@needs_launcher
 def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkeypatch):
     """Triton compiles a descriptor's dtype and block shape in, and takes its base, shape and
     strides at launch: another block shape goes back to the JIT path, another tensor does not.
@@ -208,3 +243,148 @@ def test_a_descriptor_s_block_shape_is_keyed_and_its_shape_is_an_argument(monkey
     assert args[gemm.persistent_gemm.arg_names.index("x_desc")].base.shape == (24, 64)
     call(torch.zeros(40, 64), torch.zeros(48, 64), 32)  # another block shape: compiled in
     assert len(jit_calls) == 2
+
+
+@pytest.fixture
+def fresh_verdict(monkeypatch):
+    """The launcher's verdict on this process's Triton worked out anew, and nothing said yet; both
+    back as they were after the test."""
+    triton_launch = _launch_module()
+    triton_launch.unsupported.cache_clear()
+    monkeypatch.setattr(triton_launch, "_said", set())
+    yield triton_launch
+    triton_launch.unsupported.cache_clear()
+
+
+@pytest.mark.parametrize("fake", ["3.99.0", "2.3.1+git1a2b3c", "no knobs.runtime.launch_enter_hook"])
+def test_a_triton_the_launcher_does_not_know_launches_through_triton_s_own_path_said_once(
+        monkeypatch, caplog, fresh_verdict, fake):
+    """An unknown release, or a known one without an internal the launcher calls: the kernels are
+    the ``JITFunction``s themselves, every launch goes through ``kernel[grid]``, and the reason is
+    logged once for the process, however many kernels and modules are handed out."""
+    import types
+
+    import triton
+
+    triton_launch = fresh_verdict
+    if fake.startswith("no "):  # a release it knows, without the hook chains
+        monkeypatch.setattr(triton, "__version__", "3.6.0")
+        monkeypatch.setattr(triton_launch, "_IMPORT_ERROR", None)
+        monkeypatch.setattr(triton_launch, "knobs", types.SimpleNamespace(runtime=types.SimpleNamespace()))
+        expected = "launch_enter_hook"
+    else:
+        monkeypatch.setattr(triton, "__version__", fake)
+        expected = fake
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    jit_calls = []
+    monkeypatch.setattr(gemm.tf32_parts, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(grid))
+    with caplog.at_level("WARNING", logger="autofuse"):
+        kernels = triton_launch.Kernels("autofuse.kernels.triton.gemm")
+        assert kernels.tf32_parts is gemm.tf32_parts  # Triton's own launcher
+        for _ in range(2):
+            kernels.tf32_parts[(1,)](torch.zeros(8), torch.zeros(8), torch.zeros(8), 8, SPLIT=False, BLOCK=8)
+        assert kernels.fp16_row_parts is gemm.fp16_row_parts
+        assert triton_launch.Kernels("autofuse.kernels.triton.gemm").transpose is gemm.transpose
+    assert jit_calls == [(1,), (1,)]
+    said = [r.getMessage() for r in caplog.records if "own launcher" in r.getMessage()]
+    assert len(said) == 1 and expected in said[0], said
+
+
+@pytest.mark.parametrize("version,release", [("3.6.0", (3, 6)), ("3.7.1", (3, 7)), ("3.10.0+git1a2b", (3, 10)),
+                                             ("nightly", None)])
+def test_a_release_is_its_major_and_minor_version(version, release):
+    assert _launch_module()._release(version) == release
+
+
+def triton_key(fn, args, kwargs):
+    """The specialization and options Triton's binder gives a launch on an H100 (sm_90): what its
+    kernel cache is keyed on (``JITFunction.run``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+    _, specialization, options = bind(*args, **kwargs)
+    return str(specialization), sorted(options.items())
+
+
+def probe_kernel():
+    """A kernel with an argument of each kind the variants pass (its body is never compiled here)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(t_ptr, desc, n, scale, flag, BLOCK: tl.constexpr):
+        pass
+
+    return probe
+
+
+def probe_call(t, x):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (t, TensorDescriptor.from_tensor(x, [16, 16]), 64, 2.0, True), {"BLOCK": 16, "num_warps": 4}
+
+
+# Pairs of launches the launcher serves from one kept kernel: other values of what it leaves out of
+# its key. Made in the test (a Triton without TensorDescriptor must still collect this module).
+SAME_KERNEL = {
+    "another tensor": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                               probe_call(torch.ones(64), torch.zeros(40, 64))),
+    "another length": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                               probe_call(torch.zeros(1000), torch.zeros(40, 64))),
+    "16 bytes in": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                            probe_call(torch.zeros(68)[4:], torch.zeros(40, 64))),
+    "descriptor's tensor and shape": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                                              probe_call(torch.zeros(64), torch.ones(24, 64))),
+    "descriptor's strides": lambda: (probe_call(torch.zeros(64), torch.zeros(40, 64)),
+                                     probe_call(torch.zeros(64), torch.zeros(40, 128)[:, :64])),
+}
+
+
+@needs_launcher
+@pytest.mark.parametrize("case", list(SAME_KERNEL))
+def test_what_the_launcher_serves_from_one_kernel_the_installed_triton_specializes_alike(monkeypatch, case):
+    """The key's soundness against the binder of the Triton installed, whichever release of
+    ``KNOWN`` that is: a launch the launcher serves from a kept kernel, Triton would have served
+    from the same one."""
+    from autofuse.kernels.triton import launch as triton_launch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    fn = probe_kernel()
+    monkeypatch.setattr(triton_launch, "driver", FakeDriver)
+    kernel, jit_calls = FakeKernel(), []
+    monkeypatch.setattr(fn, "run", lambda *args, grid, warmup, **kwargs: jit_calls.append(grid) or kernel)
+    launch = triton_launch.Launcher(fn)
+    (args, kwargs), (other_args, other_kwargs) = SAME_KERNEL[case]()
+    launch[(1,)](*args, **kwargs)
+    launch[(1,)](*other_args, **other_kwargs)
+    assert len(jit_calls) == 1 and len(kernel.launches) == 1, f"{case}: the launcher did not keep the kernel"
+    assert triton_key(fn, args, kwargs) == triton_key(fn, other_args, other_kwargs)
+
+
+@pytest.mark.gpu
+@needs_launcher
+def test_the_kept_kernel_launches_for_real_on_the_gpu(monkeypatch):
+    """Under the Triton installed: the first launch goes through ``JITFunction``, the next two call
+    the kept ``CompiledKernel`` on other tensors, and each writes what the kernel is for (the torch
+    rounding ``round_tf32``, bit for bit). test_triton_gpu.py runs every variant, TMA descriptors
+    included, through the launcher."""
+    import triton
+
+    from autofuse.kernels.triton import launch as triton_launch
+    from autofuse.kernels.triton.host import round_tf32
+
+    gemm = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
+    fn, jit_runs = gemm.tf32_parts, []
+    jit_run = fn.run
+    monkeypatch.setattr(fn, "run", lambda *args, **kwargs: jit_runs.append(1) or jit_run(*args, **kwargs))
+    launch = triton_launch.Launcher(fn)
+    n = 1000
+    for _ in range(3):
+        src = torch.randn(n, device="cuda") * 1e3
+        hi, lo = torch.full_like(src, float("nan")), torch.full_like(src, float("nan"))
+        launch[(-(-n // 256),)](src, hi, lo, n, SPLIT=True, BLOCK=256, num_warps=4)
+        torch.cuda.synchronize()
+        assert torch.equal(hi, round_tf32(src)) and torch.equal(lo, round_tf32(src - hi))
+    assert len(jit_runs) == 1, f"Triton {triton.__version__}: the launcher went back to the JIT path"

@@ -4,38 +4,112 @@
 16-byte alignment of a tensor, an int's value class, every constexpr) and looks the result up in
 its kernel cache, every call: 19 µs for a small kernel and 49 µs for the TMA GEMM of
 ``matmul_clamp_lse_mish`` on an H100's host, where calling the ``CompiledKernel`` that lookup
-returned took 7 and 21 (benchmarks/gpu/launch_overhead.py). Three such launches were 40% of a
-call's host time, and in KernelBench's harness, which synchronizes around every call, host time
-before the GEMM's launch is time the GPU waits.
+returned took 7 and 21 (benchmarks/gpu/launch_overhead.py, Triton 3.6). Three such launches were
+40% of a call's host time, and in KernelBench's harness, which synchronizes around every call, host
+time before the GEMM's launch is time the GPU waits.
 
 ``Launcher`` keeps that ``CompiledKernel`` under its own key and calls it directly. The key is
 stricter than Triton's: a tensor's dtype and alignment, as Triton's, but the value itself of
-every other argument (ints, floats, constexprs, launch options) and a descriptor's dtype
-and block shape (its shape and strides are launch arguments); a tuple's items are keyed so, one
+every other argument (ints, floats, constexprs, launch options) and a descriptor's dtype, block
+shape and padding (its shape and strides are launch arguments); a tuple's items are keyed so, one
 by one, as Triton specializes them. So a hit always has the
 kernel Triton would have picked, and a miss goes through ``JITFunction`` (compiling if Triton
 must) and remembers what it returned. It steps aside for launch hooks (profilers), pre-run hooks,
-a callable grid, and Triton's interpreter (whose kernels are not ``JITFunction``s). Triton's
-process-wide debug and instrumentation settings are read at a key's first launch only.
+a stages-inspection hook, a callable grid, and Triton's interpreter (whose kernels are not
+``JITFunction``s). Triton's process-wide debug and instrumentation settings are read at a key's
+first launch only. A GEMM launch took 24-34 µs through it on the H100, 35-37 through ``JITFunction``
+(benchmarks/gpu/launch_overhead.py).
 
-Measured on an H100 (benchmarks/gpu/launch_overhead.py): a GEMM launch 24-34 µs through it, 35-37
-through ``JITFunction``; with the autograd node recorded after the launches (``autograd.fused_call``),
-22's call 227 -> 130-142 µs of host time.
+Measured on an H100 (benchmarks/gpu/launch_overhead.py): with the autograd node recorded after the
+launches (``autograd.fused_call``), 22's call 227 -> 130-142 µs of host time.
+
+Triton's internals it relies on, none of them public API:
+- ``JITFunction.params`` (``name``, ``has_default``, ``default``) and ``pre_run_hooks``; a launch
+  ``fn[grid](...)`` returns the ``CompiledKernel`` it ran (or a future of it, ``result()``);
+- ``CompiledKernel.run(g0, g1, g2, stream, function, packed_metadata, launch_metadata,
+  enter_hook, exit_hook, *arguments in parameter order, constexprs included)``, with None for the
+  hooks and the metadata (the driver's launcher skips a None hook);
+- ``triton.knobs.runtime``: ``launch_enter_hook`` and ``launch_exit_hook`` with their ``calls``,
+  and (3.7 on) ``add_stages_inspection_hook``; ``triton.runtime.driver.driver.active``'s
+  ``get_current_device`` and ``get_current_stream``; ``TensorDescriptor``'s ``base``,
+  ``block_shape`` and ``padding``;
+- the specialization above: the binder (``create_function_from_signature``,
+  ``native_specialize_impl``) reads a tensor's dtype and 16-byte alignment, an int's range, ==1
+  and divisibility by 16, a descriptor's dtype and block shape, a constexpr's value. A descriptor's
+  padding and ``round_f32_to_tf32`` (3.7 on) are read at launch, from the object passed.
+Read against the sources of Triton 3.6, 3.7, 3.8 and 3.9 (``KNOWN``), and the binder's keys of
+each checked (tests/test_triton_launch.py); the launch itself ran on the GPU under 3.6. Under any
+other release, or where one of these is missing, ``Kernels`` hands out the ``JITFunction`` itself
+(Triton's own launcher) and says why once.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 import operator
+import re
 from typing import Any
 
 import torch
-from triton import knobs
-from triton.runtime.driver import driver
+import triton
 from triton.runtime.jit import JITFunction
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # the internals below; a Triton without one of them launches through its own path
+    from triton import knobs
+    from triton.runtime.driver import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError as exc:
+    knobs = driver = TensorDescriptor = None
+    _IMPORT_ERROR: str | None = str(exc)
+else:
+    _IMPORT_ERROR = None
+
+log = logging.getLogger("autofuse")
 
 MAX_KEYS = 256  # keys per kernel before the cache starts over (a float that changes each call)
+KNOWN = ((3, 6), (3, 7), (3, 8), (3, 9))  # Triton releases whose internals were read against this module
+_said: set[str] = set()
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as '3.7.1' or '3.8.0+git1a2b3c', or None."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+@functools.cache
+def unsupported() -> str | None:
+    """Why ``Launcher`` cannot be used with the Triton in this process, or None."""
+    version = getattr(triton, "__version__", "unknown")
+    if _release(version) not in KNOWN:
+        known = ", ".join(f"{major}.{minor}" for major, minor in KNOWN)
+        return f"Triton {version} is not a release whose launch internals autofuse was checked against ({known})"
+    if _IMPORT_ERROR is not None:
+        return f"Triton {version} lacks an internal the launcher uses ({_IMPORT_ERROR})"
+    missing = [name for name, present in (
+        ("knobs.runtime.launch_enter_hook.calls", hasattr(getattr(knobs.runtime, "launch_enter_hook", None), "calls")),
+        ("knobs.runtime.launch_exit_hook.calls", hasattr(getattr(knobs.runtime, "launch_exit_hook", None), "calls")),
+        ("driver.active", hasattr(type(driver), "active")),  # on the class: the instance's starts a GPU driver
+        ("TensorDescriptor.block_shape", "block_shape" in getattr(TensorDescriptor, "__dataclass_fields__", ())),
+    ) if not present]
+    if missing:
+        return f"Triton {version} lacks what the launcher uses: {', '.join(missing)}"
+    return None
+
+
+def launcher_for(fn: JITFunction):
+    """A ``Launcher`` of ``fn``, or ``fn`` itself (Triton's own launcher) where ``unsupported``,
+    said once per process."""
+    reason = unsupported()
+    if reason is None and hasattr(fn, "params") and hasattr(fn, "pre_run_hooks"):
+        return Launcher(fn)
+    reason = reason or f"Triton {triton.__version__}'s JITFunction lacks params or pre_run_hooks"
+    if reason not in _said:
+        _said.add(reason)
+        log.warning("autofuse: Triton kernels launch through Triton's own launcher (slower on the host): %s", reason)
+    return fn
 
 
 class _Layout:
@@ -109,7 +183,9 @@ class Launcher:
         return values
 
     def run(self, grid, args: tuple, kwargs: dict) -> None:
-        hooked = self.fn.pre_run_hooks or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
+        runtime = knobs.runtime
+        hooked = (self.fn.pre_run_hooks or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls
+                  or getattr(runtime, "add_stages_inspection_hook", None) is not None)  # 3.7 on: part of the key
         values = None if hooked or callable(grid) else self._values(args, kwargs)
         if values is None:  # Triton's own path (a missing argument: its error says which)
             self.fn[grid](*args, **kwargs)
@@ -140,8 +216,8 @@ class Launcher:
 
 
 class Kernels:
-    """A kernel module whose ``@triton.jit`` functions launch through ``Launcher``; its other
-    attributes (helpers, constants) are the module's own."""
+    """A kernel module whose ``@triton.jit`` functions launch through ``Launcher`` (``launcher_for``);
+    its other attributes (helpers, constants) are the module's own."""
 
     def __init__(self, module_name: str, package: str | None = None):
         self._module = importlib.import_module(module_name, package)
@@ -149,7 +225,7 @@ class Kernels:
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._module, name)
         if isinstance(value, JITFunction):
-            value = Launcher(value)
+            value = launcher_for(value)
         setattr(self, name, value)  # found once: later lookups skip __getattr__
         return value
 

@@ -9,11 +9,22 @@ import pathlib
 
 import pytest
 
+from autofuse.core import plugins
 from autofuse.report.entries import variant_staleness
 from autofuse.serve.table import DispatchTable
 
 SHIPPED = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "table.json"
 ENTRIES = list(DispatchTable(SHIPPED).entries())
+
+
+@pytest.fixture(autouse=True)
+def every_variant(monkeypatch):
+    """`compiled` registered too (conftest leaves it out of other tests): the table holds its entries."""
+    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)
+    plugins.reset_plugin_manager()
+    yield
+    monkeypatch.undo()
+    plugins.reset_plugin_manager()
 
 
 def test_the_shipped_table_loads_and_has_entries():

@@ -14,7 +14,7 @@ tf32 (scaled_fp16) in the precision's default configuration:
   error over 1e-3 or not finite, BatchNorm training's variance at 1e30) are marked ``skipped``.
 - time on ordinary (rand) inputs, interleaved, L2 flushed: the variant's forward, cuBLAS's GEMM
   alone, x's parts pass alone (``fp16_parts``) and with the range check (``fp16_input_parts``:
-  x's checked pass plus ``weight_flags``). For the main loop's cost, run this file at the commit
+  x's checked pass; W's flags are made once with its parts). For the main loop's cost, run this file at the commit
   before the range check too (``git show fp32range:benchmarks/gpu/wide_rows.py > /tmp/wide_rows.py``
   there; it then times what exists) and compare "forward" on the same machine.
 """

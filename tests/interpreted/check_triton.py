@@ -650,16 +650,20 @@ def _flag_cases(ratio: float) -> dict:
             "relu batch 1": (randn(1, k).clamp_min(0), randn(n, k) / k ** 0.5, [], []),
             "outlier features": (outliers, randn(n, k) / k ** 0.5, [], []),
             "wide x row": (x_wide, w_zeroed, [2], []),
-            "wide W row": (x_zeroed, w_wide, [], [5])}
+            "wide W row": (x_zeroed, w_wide, [], [5]),
+            # W's flag is made once with its parts, whatever x: its wide row is flagged even where x's
+            # large columns make the loss harmless (the exact path then costs time, never accuracy).
+            "wide W row, x reaching it": (randn(4, k), w_wide, [], [5])}
 
 
 def wide_rows_flags() -> list[str]:
     """The range check flags rows by their effect, not by what they hold: ordinary rows of 8192
     (rand, randn, large; each holds values far below its max, whose loss is far below fp32's
     error) are not flagged, x's or W's, at batch 1 and 5, nor ReLU-like x (half zeros) at batch 1,
-    nor x with outlier features (16 columns 1e8 times the rest, W's columns ordinary). A wide row
-    (M = 1e8 under split_fp16, 1e12 under scaled_fp16, whose 11-bit parts hold 1e8; the other
-    operand's matching columns zero) is flagged, and only it."""
+    nor x with outlier features (16 columns 1e8 times the rest, W's columns ordinary). A wide row of
+    x (M = 1e8 under split_fp16, 1e12 under scaled_fp16, whose 11-bit parts hold 1e8; W's matching
+    columns zero) is flagged, and only it; a wide row of W is flagged whatever x (W's flag is made
+    once, with its cached parts)."""
     from autofuse.kernels.triton import host
 
     failures = []

@@ -68,50 +68,36 @@ def row_parts_block(cols: int) -> int:
     return min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
 
 
-# The range check (docs/precision.md; ``gemm.fp16_row_parts``): W's columns per group of its
-# statistics, a group of W's rows per program of ``weight_flags``, groups per step there, and the
-# k-slice of the exact path (``gemm.exact_tile``: float32 FMA, one stage).
-WIDE_GROUP, WIDE_ROWS, WIDE_GROUPS, EXACT_K = 64, 32, 16, 32
+# The range check's exact path (docs/precision.md; ``gemm.exact_tile``: float32 FMA, one stage): its k-slice.
+EXACT_K = 32
 
 
 @dataclasses.dataclass(frozen=True)
 class WideCheck:
     """W's side of the range check, made with W's float16 parts and kept with them: W itself (the
-    exact path's operand), its column maxima over their max (how far an x loss reaches) and its
-    rows' per-group statistics (``gemm.group_stats``)."""
+    exact path's operand) and its column maxima over their max (how far a loss of x reaches)."""
 
     source: torch.Tensor
     col_weight: torch.Tensor
-    stats: torch.Tensor
 
 
 def fp16_weight_parts(w: torch.Tensor, split: bool) -> tuple[Operand, WideCheck]:
-    """W's float16 ``Operand`` (``fp16_parts``) and its ``WideCheck``, in one pass over W."""
-    rows, cols = w.shape
+    """W's float16 ``Operand`` (``fp16_parts``; rows it cannot carry flagged by a negated scale)
+    and its ``WideCheck``, in one pass over W."""
+    cols = w.shape[1]
     col_max = torch.zeros(cols, device=w.device)
-    group = min(WIDE_GROUP, row_parts_block(cols))
-    stats = torch.empty(3, rows, -(-cols // group), device=w.device)
-    parts = fp16_parts(w, split, col_max_ptr=col_max, stats_ptr=stats, STATS=True, GROUP=group)
+    parts = fp16_parts(w, split, col_max_ptr=col_max, STATS=True)
     col_weight = col_max / col_max.amax().clamp_min(torch.finfo(torch.float32).tiny) if cols else col_max
-    return parts, WideCheck(w, col_weight, stats)
+    return parts, WideCheck(w, col_weight)
 
 
 def fp16_input_parts(x: torch.Tensor, split: bool, weights: Operand, check: WideCheck) -> tuple[Operand, Operand]:
-    """x's float16 parts and W's for this call, each with its source appended (the exact path's
-    operand) and its rows' inverse scales negated where the parts cannot carry them: x's rows by
-    ``fp16_row_parts``, W's by ``weight_flags`` from x's column maxima. No host sync: the GEMM
-    reads the signs (``gemm.tile_flagged``)."""
-    cols = x.shape[1]
-    n = weights[0].shape[0]
-    col_max = torch.zeros(cols, device=x.device)
-    hi, lo, x_scale = fp16_parts(x, split, col_weight_ptr=check.col_weight, col_max_ptr=col_max, FLAG=True)
-    w_scale = torch.empty_like(weights[2])
-    if n:
-        group = min(WIDE_GROUP, row_parts_block(cols))
-        gemm_kernels().weight_flags[(-(-n // WIDE_ROWS),)](check.stats, col_max, weights[2], w_scale, n, cols,
-                                                           SPLIT=split, BLOCK_N=WIDE_ROWS, GROUP=group,
-                                                           BLOCK_G=WIDE_GROUPS, num_warps=4)
-    return (hi, lo, x_scale, x), (weights[0], weights[1], w_scale, check.source)
+    """x's float16 parts and W's, each with its source appended (the exact path's operand), x's
+    rows' inverse scales negated where the parts cannot carry them (``fp16_row_parts``, weighted by
+    W's column maxima); W's were flagged with its parts. No host sync: the GEMM reads the signs
+    (``gemm.tile_flagged``)."""
+    hi, lo, x_scale = fp16_parts(x, split, col_weight_ptr=check.col_weight, FLAG=True)
+    return (hi, lo, x_scale, x), (*weights[:3], check.source)
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import record
+from helpers import PLUGIN_DIR, record
 
 from autofuse.bench import run as bench_run
 from autofuse.cli import main
@@ -174,10 +174,15 @@ def _children(pid: int) -> list[int]:
 def test_ctrl_c_during_a_tune_prints_the_clean_message_and_nothing_else(tmp_path):
     # Ctrl-C reaches the terminal's whole process group: the tune and its worker subprocess.
     # The worker printed a BrokenPipeError (or ConnectionResetError) traceback after the message.
+    # The test plugin's `knobs` (eight configurations, each built in AUTOFUSE_TEST_BUILD_S seconds)
+    # keeps the tune running whatever budget and machine: it is mid-search when Ctrl-C comes.
+    env = {**os.environ, "AUTOFUSE_PLUGINS": "knob_variants", "AUTOFUSE_TEST_BUILD_S": "2",
+           "PYTHONPATH": os.pathsep.join([PLUGIN_DIR, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "autofuse.cli", "tune", "kb2-99", "--shape", "batch_size=64,in_features=256,out_features=192",
-         "--device", "cpu", "--table", str(tmp_path / "t.json"), "--no-progress", "--trials", "40", "--seed", "1"],
-        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--device", "cpu", "--table", str(tmp_path / "t.json"), "--no-progress", "--variants", "knobs", "--seed", "1",
+         "--budget", "full"],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
         while not _children(proc.pid) and proc.poll() is None and time.monotonic() < deadline:

@@ -173,7 +173,8 @@ def test_storage_errors_hide_the_password_and_say_what_to_install(monkeypatch):
 def test_the_cli_reports_a_bad_storage_url(capsys):
     from autofuse.cli import main
 
-    assert main(["tune", PROBLEM, "--device", "cpu", "--storage", "ftp://nowhere"]) == 2
+    assert main(["tune", PROBLEM, "--device", "cpu", "--shape", "batch_size=8,in_features=16,out_features=16",
+                 "--storage", "ftp://nowhere"]) == 2
     assert "not a form autofuse accepts" in capsys.readouterr().err
 
 

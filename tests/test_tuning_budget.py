@@ -238,3 +238,19 @@ print(model.dispatch_info(x)["variant"], flush=True)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_provisional_entry_passes_the_replaced_entrys_records_on_to_the_final_one(tmp_path):
+    """A retune of some variants keeps the other variants' records (``carried``): a provisional
+    entry written between the old entry and the new one must not drop them."""
+    table = DispatchTable(tmp_path / "t.json")
+    fp, key = current_fingerprint("cpu"), DispatchKey("float32", "fp32", "any", False)
+    old = {**_entry(2.0, provisional=False, study="s1"), "date": "2026-11-01",
+           "candidates": {"cuda_tiled": {"params": {"tile": 32}, "outcome": "ok", "median_ms": 3.0}}}
+    table.record(fp, "matmul_gelu_softmax", "b=1", key, old)
+    table.record_provisional(fp, "matmul_gelu_softmax", "b=1", key, _entry(1.0, True, study="s2"))
+    table.record(fp, "matmul_gelu_softmax", "b=1", key, {**_entry(0.9, False, study="s2"),
+                                                          "candidates": {"eager": {"outcome": "ok", "median_ms": 0.9}}})
+    final = table.lookup(fingerprint_key(fp), "matmul_gelu_softmax", "b=1", key)
+    assert set(final["candidates"]) == {"eager", "cuda_tiled"}
+    assert final["candidates"]["cuda_tiled"]["carried"] == "2026-11-01"

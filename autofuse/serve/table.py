@@ -300,7 +300,8 @@ class DispatchTable:
                 entries = device["problems"].setdefault(problem, {}).setdefault(skey, {})
                 if _finished_faster(entries.get(dkey), entry):
                     return False
-                entries[dkey] = _carry_candidates(entries.get(dkey), entry)
+                # It carries every candidate record of the entry it replaces, for the final entry to carry on.
+                entries[dkey] = _carry_candidates(entries.get(dkey), {**entry, "candidates": entry.get("candidates", {})})
                 self._write_atomic(_render(doc))
                 return True
         except filelock.Timeout:

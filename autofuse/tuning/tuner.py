@@ -212,6 +212,8 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     total = _total(plan, spaces)
     before = len(studies.finished(study))
     label, timeout = f"{prob.name} {prob.shape_str(shape)}", plan.timeout
+    # Read before the search: its provisional entries replace what the key held.
+    held_before = _entries_before(table, fingerprint, prob, shape, key)
     provisional = _Provisional(table, fingerprint, prob, shape, key, name, started, spaces)
     if plan.workers > 1:
         parallel.search({"problem": prob.name, "shape": shape, "settings": settings, "plan": plan.to_json(), "study": name},
@@ -232,7 +234,7 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     else:
         winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
                                       by_speed, budget)
-        for note in _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner):
+        for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
         _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
@@ -403,15 +405,20 @@ def _compile_s(row: Row) -> dict:
     return {} if seconds is None else {"compile_s": round(seconds, 3)}
 
 
-def _replaced_untried(table, fingerprint, prob, shape, key, winner, grad_winner) -> list[str]:
-    """What to say where this tune replaces an entry whose winner it did not run and that had
-    measured faster: the new entry stands (this tune's side-by-side choice), but a retune with a
-    narrower ``--variants`` should not slow a key down unannounced (it did: gemm_bn's 16384 bf16
-    training forward, compiled 1.011 ms, replaced by triton's 1.102 on an H100)."""
+def _entries_before(table, fingerprint, prob, shape, key) -> tuple[dict | None, dict | None]:
+    """The forward and autograd entries the key held before this tune (None, None if unreadable)."""
     try:
-        recorded = _recorded_entries(table, fingerprint, prob, shape, key)
+        return _recorded_entries(table, fingerprint, prob, shape, key)
     except TableError:
-        return []
+        return None, None
+
+
+def _replaced_untried(recorded, prob, shape, winner, grad_winner) -> list[str]:
+    """What to say where this tune replaces an entry (``recorded``, as the key held them before the
+    tune) whose winner it did not run and that had measured faster: the new entry stands (this
+    tune's side-by-side choice), but a retune with a narrower ``--variants`` should not slow a key
+    down unannounced (it did: gemm_bn's 16384 bf16 training forward, compiled 1.011 ms, replaced by
+    triton's 1.102 on an H100)."""
     notes = []
     for previous, new, what in zip(recorded, (winner, grad_winner), ("entry", "autograd entry")):
         if previous and new and bad_entry(previous):

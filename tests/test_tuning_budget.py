@@ -98,6 +98,17 @@ def test_a_hopeless_variant_is_drawn_no_more_and_a_stalled_search_stops():
     assert worker.timed <= 2 + BUDGETS["quick"].stall, f"timed {worker.timed}: the search should stall out"
 
 
+def test_the_variants_defaults_do_not_count_towards_a_stall():
+    """Eight variants' defaults, none better than the first by 1%, then one variant's space: the
+    search goes on past the defaults (with many variants they alone had stalled it)."""
+    spaces = {f"v{i}": [{"c": 0}] for i in range(8)}
+    spaces["v0"] = [{"c": c} for c in range(30)]
+    times = {(f"v{i}", json.dumps({"c": 0})): 1.0 + 0.001 * i for i in range(8)}
+    times |= {("v0", json.dumps({"c": c})): 1.0 + 1e-4 * c for c in range(1, 30)}
+    _, worker, _ = _replay(spaces, times, 0, "quick", total=24)
+    assert worker.timed >= 8 + BUDGETS["quick"].stall, f"timed {worker.timed}: the defaults counted as a stall"
+
+
 def test_pruning_leaves_a_variant_after_its_first_measurement():
     fast = [{"t": t} for t in range(40)]
     slow = [{"s": s} for s in range(40)]

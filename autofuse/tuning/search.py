@@ -43,7 +43,7 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
     total = min(total, sum(len(c) for c in spaces.values()))
     asks_left = MAX_ASKS_PER_TRIAL * total
     deadline = None if timeout is None else time.monotonic() + timeout
-    progress_of = _Progress(budget, on_best)
+    progress_of = _Progress(budget, on_best, screen=len(spaces))
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
@@ -69,8 +69,11 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
 class _Progress:
     """What the results so far say: the best gated time, the variants out of the race, a stall."""
 
-    def __init__(self, budget: Budget, on_best):
-        self.budget, self.on_best = budget, on_best
+    def __init__(self, budget: Budget, on_best, screen: int = 0):
+        # The first ``screen`` results are the variants' defaults, one each: a stall is counted
+        # after them (H100, 99 tf32: with 8 variants the defaults alone had "stalled" the search
+        # after 2 triton trials).
+        self.budget, self.on_best, self.screen = budget, on_best, screen
         self.best: tuple | None = None  # ((variant, label), result) of the best gated candidate
         self.seen = 0
         self.since_gain = 0  # measured trials since the best last gained STALL_GAIN
@@ -82,8 +85,8 @@ class _Progress:
             return
         self.seen = len(results)
         best, since_gain, gain_at = None, 0, None
-        for key, result in results.items():
-            since_gain += 1
+        for index, (key, result) in enumerate(results.items()):
+            since_gain += index >= self.screen
             if result.outcome is not Outcome.OK:
                 continue
             if best is None or result.timing.median_ms < best[1].timing.median_ms:

@@ -57,3 +57,15 @@ def no_file_problems(monkeypatch):
     yield
     kernelbench.forget()
     plugins.reset_plugin_manager()
+
+
+@pytest.fixture
+def with_compiled(monkeypatch):
+    """`compiled` registered: the default above leaves it out (each compile takes seconds on a CPU)."""
+    from autofuse.core import plugins
+
+    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)
+    plugins.reset_plugin_manager()
+    yield
+    monkeypatch.undo()
+    plugins.reset_plugin_manager()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import PROBLEMS, SMALL, assert_close, kernelbench_model, twin
 
-from autofuse.core import plugins, registry
+from autofuse.core import registry
 
 B, IN, OUT = SMALL
 MODES = [(p, m) for p in PROBLEMS
@@ -73,16 +73,6 @@ def test_every_parameter_with_a_pytorch_gradient_gets_one_on_the_gpu(problem, mo
     assert_gradients_where_pytorchs_are(problem, mode, variant, device="cuda")
 
 
-@pytest.fixture
-def compiled(monkeypatch):
-    """`compiled` registered (conftest leaves it out: each compile takes seconds on a CPU)."""
-    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)
-    plugins.reset_plugin_manager()
-    yield
-    monkeypatch.undo()
-    plugins.reset_plugin_manager()
-
-
 @pytest.mark.parametrize("problem, mode", MODES)
-def test_compiled_gives_every_parameter_with_a_pytorch_gradient_one(problem, mode, compiled):
+def test_compiled_gives_every_parameter_with_a_pytorch_gradient_one(problem, mode, with_compiled):
     assert_gradients_where_pytorchs_are(problem, mode, "compiled", {"mode": "default", "dynamic": False})

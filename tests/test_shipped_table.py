@@ -9,7 +9,6 @@ import pathlib
 
 import pytest
 
-from autofuse.core import plugins
 from autofuse.report.entries import variant_staleness
 from autofuse.serve.table import DispatchTable
 
@@ -18,13 +17,8 @@ ENTRIES = list(DispatchTable(SHIPPED).entries())
 
 
 @pytest.fixture(autouse=True)
-def every_variant(monkeypatch):
+def every_variant(with_compiled):
     """`compiled` registered too (conftest leaves it out of other tests): the table holds its entries."""
-    monkeypatch.delenv("AUTOFUSE_BLOCK_PLUGINS", raising=False)
-    plugins.reset_plugin_manager()
-    yield
-    monkeypatch.undo()
-    plugins.reset_plugin_manager()
 
 
 def test_the_shipped_table_loads_and_has_entries():

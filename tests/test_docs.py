@@ -132,19 +132,24 @@ def test_backticked_paths_exist(page):
     assert missing == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_backticked_autofuse_names_exist(page):
-    """`autofuse.serve.tune_on_miss.TuneOnMiss(...)` in prose must name something real."""
-    prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    names = {name for span in re.findall(r"`([^`]+)`", prose)
-             for name in re.findall(r"(?<![\w/.-])autofuse(?:\.\w+)+", span)}
+def _unresolved(names) -> list[str]:
+    """Each of ``names`` (dotted autofuse names) that does not resolve, with why."""
     unresolved = []
     for name in sorted(names):
         try:
             _resolve(name)
         except (ImportError, AttributeError) as exc:
             unresolved.append(f"{name}: {exc}")
-    assert unresolved == []
+    return unresolved
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_backticked_autofuse_names_exist(page):
+    """`autofuse.serve.tune_on_miss.TuneOnMiss(...)` in prose must name something real."""
+    prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    names = {name for span in re.findall(r"`([^`]+)`", prose)
+             for name in re.findall(r"(?<![\w/.-])autofuse(?:\.\w+)+", span)}
+    assert _unresolved(names) == []
 
 
 @pytest.fixture
@@ -193,13 +198,7 @@ def _autofuse_names(tree: ast.AST) -> list[str]:
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.tag == "no-run"], ids=lambda b: b.id)
 def test_python_blocks_that_need_a_gpu_name_real_things(block, example_plugin):
     tree = compile(block.text, block.id, "exec", ast.PyCF_ONLY_AST)
-    unresolved = []
-    for name in _autofuse_names(tree):
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError) as exc:
-            unresolved.append(f"{name}: {exc}")
-    assert unresolved == []
+    assert _unresolved(_autofuse_names(tree)) == []
 
 
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.tag is None], ids=lambda b: b.id)

@@ -15,6 +15,7 @@ with a TableError and left intact: it may be someone's only record of hours of t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -270,21 +271,11 @@ class DispatchTable:
         replaced entry's records of variants the new one's tune did not run (``_carry_candidates``)."""
         # Validate before locking, so a caller's mistake never reaches the file.
         checked = [_check_item(*item) for item in items]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with filelock.FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
-                doc = self.load()  # re-read under the lock: another tuner may have written
-                for fkey, fingerprint, problem, skey, dkey, entry in checked:
-                    device = doc["devices"].setdefault(fkey, {"fingerprint": fingerprint, "problems": {}})
-                    device["fingerprint"] = fingerprint
-                    entries = device["problems"].setdefault(problem, {}).setdefault(skey, {})
-                    entries[dkey] = _carry_candidates(entries.get(dkey), entry)
-                self._write_atomic(_render(doc))
-        except filelock.Timeout:
-            raise TableError(
-                f"dispatch table {self.path}: could not take the lock {self.lock_path} within "
-                f"{LOCK_TIMEOUT_S:g} s; another process holds it (delete the lock file if none runs)"
-            ) from None
+        with self._locked() as doc:
+            for fkey, fingerprint, problem, skey, dkey, entry in checked:
+                entries = _entries_of(doc, fkey, fingerprint, problem, skey)
+                entries[dkey] = _carry_candidates(entries.get(dkey), entry)
+            self._write_atomic(_render(doc))
 
     def record_provisional(self, fingerprint: dict, problem: str, shape_key: str, dispatch_key, entry: dict) -> bool:
         """Record a tune's best so far (``entry`` marked ``provisional``) unless the key holds a
@@ -292,23 +283,32 @@ class DispatchTable:
         under the lock, so a finished entry another tuner writes meanwhile is never overwritten by
         a slower provisional one."""
         fkey, fingerprint, problem, skey, dkey, entry = _check_item(fingerprint, problem, shape_key, dispatch_key, entry)
+        with self._locked() as doc:
+            entries = _entries_of(doc, fkey, fingerprint, problem, skey)
+            if _finished_faster(entries.get(dkey), entry):
+                return False
+            # It carries every candidate record of the entry it replaces, for the final entry to carry on.
+            entries[dkey] = _carry_candidates(entries.get(dkey), {**entry, "candidates": entry.get("candidates", {})})
+            self._write_atomic(_render(doc))
+            return True
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict]:
+        """The document, re-read under the inter-process lock (another tuner may have written),
+        for the caller to merge into and write before the lock is released."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with filelock.FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
-                doc = self.load()
-                device = doc["devices"].setdefault(fkey, {"fingerprint": fingerprint, "problems": {}})
-                entries = device["problems"].setdefault(problem, {}).setdefault(skey, {})
-                if _finished_faster(entries.get(dkey), entry):
-                    return False
-                # It carries every candidate record of the entry it replaces, for the final entry to carry on.
-                entries[dkey] = _carry_candidates(entries.get(dkey), {**entry, "candidates": entry.get("candidates", {})})
-                self._write_atomic(_render(doc))
-                return True
+            lock = filelock.FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S)
+            lock.acquire()
         except filelock.Timeout:
             raise TableError(
                 f"dispatch table {self.path}: could not take the lock {self.lock_path} within "
                 f"{LOCK_TIMEOUT_S:g} s; another process holds it (delete the lock file if none runs)"
             ) from None
+        try:
+            yield self.load()
+        finally:
+            lock.release()
 
     def _write_atomic(self, text: str) -> None:
         """Replace the file with `text` so that readers see the old or the new file, never half."""
@@ -328,6 +328,13 @@ class DispatchTable:
         except BaseException:
             pathlib.Path(tmp.name).unlink(missing_ok=True)
             raise
+
+
+def _entries_of(doc: dict, fkey: str, fingerprint: dict, problem: str, skey: str) -> dict:
+    """The dispatch-key -> entry dict of ``problem`` at ``skey`` on the device, made where absent."""
+    device = doc["devices"].setdefault(fkey, {"fingerprint": fingerprint, "problems": {}})
+    device["fingerprint"] = fingerprint
+    return device["problems"].setdefault(problem, {}).setdefault(skey, {})
 
 
 def _finished_faster(previous, entry: dict) -> bool:

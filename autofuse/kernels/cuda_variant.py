@@ -94,12 +94,15 @@ class CudaVariant(Variant):
             builder.check_status(self._lib, status, f"{self.problem}/{self.name} {name}")
 
 
-def operand(t: torch.Tensor | None, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``t`` as a contiguous float32 tensor on ``device`` of ``shape``, or InputError naming what came."""
+def operand(t: torch.Tensor | None, name: str, shape: tuple[int, ...], device: torch.device,
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``t`` as a contiguous tensor of ``dtype`` (the model's: float32 unless a triton variant
+    serves a bfloat16 model) on ``device`` of ``shape``, or InputError naming what came."""
+    want = str(dtype).removeprefix("torch.")
     if t is None:
-        raise InputError(f"{name}: expected a float32 tensor of shape {shape}, got None")
-    if t.dtype != torch.float32:
-        raise InputError(f"{name}: expected float32, got {str(t.dtype).removeprefix('torch.')}")
+        raise InputError(f"{name}: expected a {want} tensor of shape {shape}, got None")
+    if t.dtype != dtype:
+        raise InputError(f"{name}: expected {want}, got {str(t.dtype).removeprefix('torch.')}")
     if t.device != device:
         raise InputError(f"{name}: expected a tensor on {device}, got one on {t.device}")
     if tuple(t.shape) != tuple(shape):

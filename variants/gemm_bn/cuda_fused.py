@@ -52,9 +52,9 @@ def momentum_factor(bn) -> float:
     return float(factor)
 
 
-def _running(t: torch.Tensor, name: str, n_out: int, device) -> torch.Tensor:
+def _running(t: torch.Tensor, name: str, n_out: int, device, dtype: torch.dtype) -> torch.Tensor:
     """A running statistic the kernel updates in place: a copy would silently drop the update."""
-    checked = operand(t, name, (n_out,), device)
+    checked = operand(t, name, (n_out,), device, dtype)
     if checked.data_ptr() != t.data_ptr():
         raise InputError(f"{name}: expected a contiguous buffer (updated in place), got strides {t.stride()}")
     return checked
@@ -73,8 +73,10 @@ class TrainOperands:
     eps: float
 
     @classmethod
-    def of(cls, model, x: torch.Tensor) -> TrainOperands:
-        """Check everything (InputError naming expected and got) before any side effect."""
+    def of(cls, model, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> TrainOperands:
+        """Check everything (InputError naming expected and got) before any side effect; every
+        tensor of ``dtype`` (a bfloat16 model's stay bfloat16 for the triton kernels, which load
+        them as float32 and store the running statistics back in bfloat16)."""
         if x.shape[0] < 2:
             raise InputError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
         gemm, bn, dev = model.gemm, model.bn, x.device
@@ -83,30 +85,35 @@ class TrainOperands:
         def vector(t, name, default):
             if t is None:
                 return torch.full((n_out,), default, dtype=torch.float32, device=dev)
-            return operand(t, name, (n_out,), dev)
+            return operand(t, name, (n_out,), dev, dtype)
 
         stats = None, None
         if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
-            stats = (_running(bn.running_mean, "bn.running_mean", n_out, dev),
-                     _running(bn.running_var, "bn.running_var", n_out, dev))  # fmt: skip
-        scale = operand(model.scale, "scale", (n_out,), dev)
+            stats = (_running(bn.running_mean, "bn.running_mean", n_out, dev, dtype),
+                     _running(bn.running_var, "bn.running_var", n_out, dev, dtype))  # fmt: skip
+        scale = operand(model.scale, "scale", (n_out,), dev, dtype)
         gamma, beta = vector(bn.weight, "bn.weight", 1.0), vector(bn.bias, "bn.bias", 0.0)
         return cls(vector(gemm.bias, "gemm.bias", 0.0), scale, gamma, beta, *stats, float(bn.eps))
 
 
-def eval_coefficients(model, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k, shift) with out = z·k + shift per column in eval mode; see the module docstring."""
+def eval_coefficients(model, device, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, shift) with out = z·k + shift per column in eval mode (see the module docstring), in
+    float32 from the model's tensors of ``dtype`` (a bfloat16 model's for the triton kernels)."""
     gemm, bn = model.gemm, model.bn
     n_out = gemm.weight.shape[0]
-    inv_std = 1.0 / torch.sqrt(operand(bn.running_var, "bn.running_var", (n_out,), device) + bn.eps)
+
+    def vector(t, name):
+        return operand(t, name, (n_out,), device, dtype).float()
+
+    inv_std = 1.0 / torch.sqrt(vector(bn.running_var, "bn.running_var") + bn.eps)
     if bn.weight is not None:
-        inv_std = inv_std * operand(bn.weight, "bn.weight", (n_out,), device)  # γ/√(var + eps)
-    k = operand(model.scale, "scale", (n_out,), device) * inv_std
-    shift = -operand(bn.running_mean, "bn.running_mean", (n_out,), device) * inv_std
+        inv_std = inv_std * vector(bn.weight, "bn.weight")  # γ/√(var + eps)
+    k = vector(model.scale, "scale") * inv_std
+    shift = -vector(bn.running_mean, "bn.running_mean") * inv_std
     if gemm.bias is not None:
-        shift = shift + operand(gemm.bias, "gemm.bias", (n_out,), device) * k
+        shift = shift + vector(gemm.bias, "gemm.bias") * k
     if bn.bias is not None:
-        shift = shift + operand(bn.bias, "bn.bias", (n_out,), device)
+        shift = shift + vector(bn.bias, "bn.bias")
     return k.contiguous(), shift.contiguous()
 
 

@@ -41,10 +41,10 @@ BACKWARD_BLOCK = (64, 128)
 COEFFICIENT_BLOCK = (64, 128)  # chunks summed at once × columns per program of bn_grad_coefficients
 
 
-def _kernels_apply(grad, z, *float32) -> bool:
-    """Whether the Triton passes take these: z in float32 or bfloat16 (training under bf16 keeps
-    it so; the kernels convert what they load), the rest float32 (``fused_kernels_apply``)."""
-    return fused_kernels_apply(grad, *float32) and fused_kernels_apply(z, dtypes=(torch.float32, torch.bfloat16))
+def _kernels_apply(grad, z, *rest) -> bool:
+    """Whether the Triton passes take these (``fused_kernels_apply``): float32 or bfloat16, as the
+    kernels convert what they load (z: training under bf16 keeps it so; g, s, γ: a bfloat16 model's)."""
+    return fused_kernels_apply(grad, z, *rest, dtypes=(torch.float32, torch.bfloat16))
 
 
 def centred(z: torch.Tensor, shift: torch.Tensor, tile_rows: int) -> torch.Tensor:
@@ -130,18 +130,24 @@ def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
     return dx, dw, dk, dshift
 
 
-def affine_coefficients(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k, shift) of eval mode, out = z·k + shift, differentiable in the parameters (O(out) work)."""
+def affine_coefficients(model, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, shift) of eval mode, out = z·k + shift, differentiable in the parameters (O(out) work);
+    computed in ``dtype`` where given (a bfloat16 model's in float32, as its BatchNorm computes),
+    else in the parameters' own."""
     gemm, bn = model.gemm, model.bn
-    inv_std = torch.rsqrt(bn.running_var + bn.eps)
+
+    def cast(t):
+        return t if dtype is None else t.to(dtype)
+
+    inv_std = torch.rsqrt(cast(bn.running_var) + bn.eps)
     if bn.weight is not None:
-        inv_std = inv_std * bn.weight
-    k = model.scale * inv_std
-    shift = -bn.running_mean * inv_std
+        inv_std = inv_std * cast(bn.weight)
+    k = cast(model.scale) * inv_std
+    shift = -cast(bn.running_mean) * inv_std
     if gemm.bias is not None:
-        shift = shift + gemm.bias * k
+        shift = shift + cast(gemm.bias) * k
     if bn.bias is not None:
-        shift = shift + bn.bias
+        shift = shift + cast(bn.bias)
     return k, shift
 
 

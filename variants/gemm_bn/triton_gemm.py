@@ -22,8 +22,13 @@ Under bf16 z is stored in bfloat16 (``z_dtype``). Stored less its tile's mean, i
 normalised output.
 
 The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels: triton_kernels.py.
-Preconditions: float32 tensors (made contiguous; running statistics contiguous, updated in place)
-on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
+A bfloat16 model (under bf16): its parameters and running statistics are loaded as float32, every
+statistic and coefficient is float32 (eval's k and shift computed in float32 from them), the
+output is written in bfloat16, and the running statistics are updated in float32 and stored back
+rounded to bfloat16, as PyTorch's BatchNorm does with bfloat16 ones.
+
+Preconditions: float32 tensors, or a bfloat16 model's under bf16 (made contiguous; running
+statistics contiguous, updated in place) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
 """
 
 import torch
@@ -63,14 +68,15 @@ class TritonGemmBn(TritonVariant):
 
     def forward(self, model, x):
         gemm, bn = model.gemm, model.bn
+        dtype = self.model_dtype(gemm.weight)
         if uses_batch_statistics(bn):
-            ops = TrainOperands.of(model, x.detach() if isinstance(x, torch.Tensor) else x)
+            ops = TrainOperands.of(model, x.detach() if isinstance(x, torch.Tensor) else x, dtype)
             op = gradients.train_op(lambda x, weight, *_, save: self._train(model, ops, x, weight, save),
                                     self.precision, ops.eps, tile_rows=self.params["block_m"], gemms=self.gemms)
             return fused_call(op, x, gemm.weight, gemm.bias, model.scale, bn.weight, bn.bias)
         if needs_grad(x, *model.parameters()):
-            return fused_call(self._eval_op, x, gemm.weight, *gradients.affine_coefficients(model))
-        k, shift = self._coefficients.get(eval_dependencies(model), lambda: eval_coefficients(model, x.device),
+            return fused_call(self._eval_op, x, gemm.weight, *gradients.affine_coefficients(model, torch.float32))
+        k, shift = self._coefficients.get(eval_dependencies(model), lambda: eval_coefficients(model, x.device, dtype),
                                           extra=(float(bn.eps),))  # fmt: skip
         return self._eval_fused(x, gemm.weight, k, shift, save=False)[0]
 
@@ -79,8 +85,8 @@ class TritonGemmBn(TritonVariant):
         w = self.backward_weight(weight, weights)
         (batch, n_in), n_out = x.shape, w.shape[0]
         k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
-        out = torch.empty(batch, n_out, device=x.device)
-        z = torch.empty_like(out) if save else None  # None: not stored
+        out = torch.empty(batch, n_out, device=x.device, dtype=self.model_dtype(weight))
+        z = torch.empty(batch, n_out, device=x.device) if save else None  # None: not stored
         self.launch_gemm("affine", xs, weights, (k, shift, out, z))
         return out, ((x, w, z, k) if save else ())
 
@@ -101,7 +107,8 @@ class TritonGemmBn(TritonVariant):
             part_mean, part_m2, var, coef, ops.bias, ops.scale, ops.gamma, ops.running_mean, ops.running_var,
             ops.eps, factor, batch, n_out, tile_m, row_tiles, BLOCK_C=FINISH_COLUMNS, UPDATE=update)
         shift = part_mean  # bn_finish's: z − μ = z + shift[row // tile_m]
-        out = torch.empty(batch, n_out, device=x.device) if save or z.dtype != torch.float32 else z
+        dtype = self.model_dtype(weight)  # in place where z has the output's dtype and is not saved
+        out = torch.empty(batch, n_out, device=x.device, dtype=dtype) if save or z.dtype != dtype else z
         rows, cols = NORMALIZE_BLOCK
         rows = gradients.row_block(rows, shift, tile_m)
         kernels.bn_normalize[(-(-batch // rows), -(-n_out // cols))](z, out, shift, coef, ops.beta, batch, n_out,

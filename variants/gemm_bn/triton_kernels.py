@@ -11,6 +11,8 @@ shifts (tile mean − μ, in place: z − μ = stored z + its tile's shift), and
 statistics as nn.BatchNorm1d does. ``bn_normalize`` writes (z − μ)·coef + β.
 The passes over z take rows in blocks that lie within one row tile (TILE_ROWS a multiple of
 BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
+A bfloat16 model's parameters, running statistics and g are loaded as float32; its output and
+running statistics are stored back in bfloat16.
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
 ``bn_grad_coefficients`` between them (gradients.py).
 """
@@ -30,7 +32,7 @@ def affine(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
     shift = tl.load(shift_ptr + rn, mask=col_ok, other=0.0)
     offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    tl.store(out_ptr + offsets, acc * k[None, :] + shift[None, :], mask=mask)
+    tl.store(out_ptr + offsets, (acc * k[None, :] + shift[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
     if z_ptr is not None:
         tl.store(z_ptr + offsets, acc, mask=mask)
 
@@ -69,20 +71,22 @@ def bn_finish(part_mean_ptr, part_m2_ptr, var_ptr, coef_ptr, bias_ptr, scale_ptr
         m2 += tile_m2 + delta * delta * (count * rows / total)
         count = total
     var = m2 / M
-    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0)
-    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     for i in range(0, NUM_M):  # the tile means become the shifts of the stored z
         tile_mean = tl.load(part_mean_ptr + i * N + cols, mask=ok, other=0.0)
         tl.store(part_mean_ptr + i * N + cols, tile_mean - mean, mask=ok)
     tl.store(var_ptr + cols, var, mask=ok)
     tl.store(coef_ptr + cols, scale * gamma / tl.sqrt(scale * scale * var + eps), mask=ok)
     if UPDATE:  # y = (z + b)·s: mean s·(μ + b), unbiased variance s²·σ²·n/(n − 1)
-        bias = tl.load(bias_ptr + cols, mask=ok, other=0.0)
-        running_mean = tl.load(running_mean_ptr + cols, mask=ok, other=0.0)
-        running_var = tl.load(running_var_ptr + cols, mask=ok, other=0.0)
+        bias = tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        running_mean = tl.load(running_mean_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        running_var = tl.load(running_var_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         unbiased = scale * scale * m2 / (M - 1)
-        tl.store(running_mean_ptr + cols, running_mean + factor * (scale * (mean + bias) - running_mean), mask=ok)
-        tl.store(running_var_ptr + cols, running_var + factor * (unbiased - running_var), mask=ok)
+        new_mean = running_mean + factor * (scale * (mean + bias) - running_mean)
+        new_var = running_var + factor * (unbiased - running_var)
+        tl.store(running_mean_ptr + cols, new_mean.to(running_mean_ptr.dtype.element_ty), mask=ok)
+        tl.store(running_var_ptr + cols, new_var.to(running_var_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -100,11 +104,12 @@ def bn_normalize(z_ptr, out_ptr, shift_ptr, coef_ptr, beta_ptr, M, N, TILE_ROWS,
     col_ok = cols < N
     shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     coef = tl.load(coef_ptr + cols, mask=col_ok, other=0.0)
-    beta = tl.load(beta_ptr + cols, mask=col_ok, other=0.0)
+    beta = tl.load(beta_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     mask = (rows < M)[:, None] & col_ok[None, :]
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offsets, (z + shift[None, :]) * coef[None, :] + beta[None, :], mask=mask)
+    out = (z + shift[None, :]) * coef[None, :] + beta[None, :]
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -117,7 +122,7 @@ def column_grad_sums(grad_ptr, z_ptr, shift_ptr, part_g_ptr, part_gc_ptr, M, N, 
     col_ok = cols < N
     mask = (rows < M)[:, None] & col_ok[None, :]
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
-    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     centred = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + shift[None, :]
     tl.store(part_g_ptr + tl.program_id(0) * N + cols, tl.sum(grad, axis=0), mask=col_ok)
@@ -141,8 +146,8 @@ def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr,
         offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
         sum_g += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
         sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0), axis=0)
-    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0)
-    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(scale * scale * tl.load(var_ptr + cols, mask=ok, other=0.0) + eps)
     a = scale * gamma * r
     tl.store(coef_ptr + cols, a, mask=ok)
@@ -168,6 +173,6 @@ def bn_backward(grad_ptr, z_ptr, shift_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)[None, :]
     shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
-    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     store_gradient(a * grad + b + c * (z + shift[None, :]), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

@@ -37,6 +37,8 @@ def output_grad(z: torch.Tensor) -> torch.Tensor:
     return 2.0 * z * th + z * z * (1.0 - th * th) * torch.sigmoid(z)
 
 
+# ∂L/∂out as the kernels take it: a bfloat16 model's is bfloat16 (they load it as float32).
+GRAD_DTYPES = (torch.float32, torch.bfloat16)
 # Rows × columns per program of the epilogue backward: the dyᵀ it writes under tf32 is 256-byte runs.
 BACKWARD_BLOCK = (64, 64)
 
@@ -44,7 +46,7 @@ BACKWARD_BLOCK = (64, 64)
 def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradLayouts) -> GemmGrad:
     """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1), in ``layouts``:
     one pass of a Triton kernel where it can run (h'(z) included), else torch."""
-    if fused_kernels_apply(y, z, grad):
+    if fused_kernels_apply(y, z) and fused_kernels_apply(grad, dtypes=GRAD_DTYPES):
         rows, cols = BACKWARD_BLOCK
         buffers = GradBuffers(layouts, y.shape[0], y.shape[1], rows, y.device)
         problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
@@ -70,7 +72,7 @@ def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layout
     """``epilogue_backward`` from q and its tile maxima (``SoftmaxParts``) instead of the logits."""
     rows, cols = BACKWARD_BLOCK[0], min(BACKWARD_BLOCK[1], tile_n)  # columns within one forward tile
     if (tile_n % cols == 0 and fused_kernels_apply(q, dtypes=(torch.bfloat16, torch.float32))
-            and fused_kernels_apply(part_max, z, grad)):
+            and fused_kernels_apply(part_max, z) and fused_kernels_apply(grad, dtypes=GRAD_DTYPES)):
         buffers = GradBuffers(layouts, q.shape[0], q.shape[1], rows, q.device)
         grid = (-(-q.shape[0] // rows), -(-q.shape[1] // cols))
         problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward_from_q[grid](

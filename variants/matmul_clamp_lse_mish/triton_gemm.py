@@ -9,8 +9,9 @@ never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. Wit
 needed the kernel stores the logits (the backward needs them), under bf16 their softmax factors
 in bfloat16 instead (half the bytes; ``gradients.SoftmaxParts``), and the finish keeps z
 (gradients.py). The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels:
-triton_kernels.py. Preconditions: float32 tensors (made contiguous) on CUDA, or on the CPU
-under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every call.
+triton_kernels.py. Preconditions: float32 tensors, or a bfloat16 model's under bf16 (its output
+bfloat16, every sum float32), made contiguous, on CUDA, or on the CPU under TRITON_INTERPRET=1;
+any sizes; s, lo, hi read from the model at every call.
 """
 
 import torch
@@ -60,7 +61,7 @@ class TritonClampLseMish(TritonVariant):
         t, lo, hi = scalars
         self.launch_gemm("clamp_lse_partials", xs, weights, (b, y, q, part_max, part_sum, t, lo, hi))
         z = torch.empty(batch, 1, device=x.device)
-        out = torch.empty_like(z)
+        out = torch.empty(batch, 1, device=x.device, dtype=self.model_dtype(weight))
         kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, tiles,
                                                               BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(tiles))
         if not save:

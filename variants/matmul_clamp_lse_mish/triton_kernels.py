@@ -25,7 +25,7 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
     softmax factors where q_ptr is not None. args: (bias_ptr, y_ptr, q_ptr, part_max_ptr,
     part_sum_ptr, t, lo, hi)."""
     bias_ptr, y_ptr, q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
-    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     v = tl.minimum(tl.maximum(y * t, lo), hi)
     live = tl.where(col_ok[None, :], v, float("-inf"))
     tile_max = tl.max(live, axis=1)
@@ -70,7 +70,7 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
     z = row_max + tl.log(tl.where(rows < M, total, 1.0))
     out = z * z * tanh_softplus(z)
     tl.store(z_ptr + rows, z, mask=rows < M)
-    tl.store(out_ptr + rows, out, mask=rows < M)
+    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < M)
 
 
 @triton.jit
@@ -80,7 +80,8 @@ def output_scale(z_ptr, g_ptr, rows, row_ok, t):
     th = tanh_softplus(z)
     e = exp_nonpositive(-tl.abs(z))
     sigmoid = tl.where(z >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
-    return tl.load(g_ptr + rows, mask=row_ok, other=0.0) * (2.0 * z * th + z * z * (1.0 - th * th) * sigmoid) * t, z
+    g = tl.load(g_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)  # a bfloat16 model's g: bfloat16
+    return g * (2.0 * z * th + z * z * (1.0 - th * th) * sigmoid) * t, z
 
 
 @triton.jit

@@ -55,7 +55,7 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
     resolution), leaving rounding noise of |g|·2⁻²⁴ where the true value is ε-small (100x
     float64's error in tests/test_fused_gradients.py). Since Σ out = 1, g_top − Σ g·out = Σ_k out_k·(g_top − g_k) exactly, a sum of small terms with
     no cancellation: it gives the top entry, and Σ g·out = g_top − it gives the others."""
-    if fused_kernels_apply(y, out, grad):
+    if fused_kernels_apply(y) and fused_kernels_apply(out, grad, dtypes=(torch.float32, torch.bfloat16)):
         kernels = problem_kernels("matmul_gelu_softmax")
         (m, n), (rows, cols) = out.shape, BACKWARD_BLOCK
         top = torch.empty(m, device=out.device, dtype=torch.int32)

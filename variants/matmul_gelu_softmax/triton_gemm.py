@@ -5,11 +5,13 @@ epilogue (``gelu_partials``) takes the float32 accumulator while it is in regist
 adds the bias, applies the exact erf GELU, stores the logit once and leaves per row and column
 tile the online-softmax pair (max, Σ exp(v − max)); ``softmax_normalize`` merges a row's pairs
 with the max subtracted (no overflow at any magnitude) and rescales the row in place: the
-logits are written once, read once and written once more. The main loop is the shared one
+logits are written once, read once and written once more (a bfloat16 model's output: the float32
+logits normalised into a bfloat16 tensor, so exp(v − max) sees v unrounded). The main loop is the shared one
 (``autofuse.kernels.triton.gemm``): fp32 is 3xTF32, tf32 TF32 with W rounded to nearest, bf16 the
 cached bfloat16 weight with x cast by a pass. With a gradient needed the pre-GELU logits y are stored
 too (the backward needs them; gradients.py). Kernels: triton_kernels.py. Preconditions: float32
-tensors (made contiguous) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
+tensors, or a bfloat16 model's under bf16, made contiguous, on CUDA, or on the CPU under
+TRITON_INTERPRET=1; any sizes.
 """
 
 import torch
@@ -37,9 +39,11 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
         part_max = torch.empty(batch, parts, device=x.device)
         part_sum = torch.empty_like(part_max)
         self.launch_gemm("gelu_partials", xs, weights, (b, logits, y, part_max, part_sum))
-        kernels.softmax_normalize[(batch,)](logits, part_max, part_sum, n_out, parts,
+        dtype = self.model_dtype(weight)
+        out = logits if dtype == logits.dtype else torch.empty(batch, n_out, device=x.device, dtype=dtype)
+        kernels.softmax_normalize[(batch,)](logits, out, part_max, part_sum, n_out, parts,
                                             BLOCK_N=kernels.row_block(n_out), BLOCK_P=kernels.parts_block(parts))
-        return logits, ((x, w, b, y, None, logits) if save else ())
+        return out, ((x, w, b, y, None, out) if save else ())
 
 
 @hookimpl

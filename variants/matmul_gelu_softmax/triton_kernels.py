@@ -4,7 +4,8 @@
 accumulator, + bias, exact GELU, the logits stored once, and per row of the tile the
 online-softmax partial (max, Σ exp(v − max)) over the tile's columns. ``softmax_normalize``:
 per row, the partials merged with the max subtracted (no overflow at any magnitude), then
-out = exp(v − max) / Σ over the row, in place.
+out = exp(v − max) / Σ over the row, in place (or into a bfloat16 model's output). The
+backward's kernels load out and g in either dtype and compute in float32.
 ``softmax_grad_rows`` and ``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the
 row sums by one program per row, then dy in tiles, written in the layouts the backward's GEMMs
 want (``store_gradient``).
@@ -30,7 +31,7 @@ def gelu_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
     tile's (max, Σ exp(v − max)) into column pid_n of the partials; the pre-GELU y where y_ptr is
     not None. args: (bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr)."""
     bias_ptr, logits_ptr, y_ptr, part_max_ptr, part_sum_ptr = args
-    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0)[None, :]
+    y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     v = gelu(y)
     live = tl.where(col_ok[None, :], v, float("-inf"))
     tile_max = tl.max(live, axis=1)
@@ -45,19 +46,22 @@ def gelu_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
 
 
 @triton.jit
-def softmax_normalize(logits_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
+def softmax_normalize(logits_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
                       BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """One row of exp(v − max)/Σ from the float32 logits into out (the logits themselves, in place,
+    or a bfloat16 model's bfloat16 output)."""
     row = tl.program_id(0)
     p = tl.arange(0, BLOCK_P)
     part_max = tl.load(part_max_ptr + row * PARTS + p, mask=p < PARTS, other=float("-inf"))
     part_sum = tl.load(part_sum_ptr + row * PARTS + p, mask=p < PARTS, other=0.0)
     row_max = tl.max(part_max, axis=0)
     inv_total = 1.0 / tl.sum(part_sum * exp_nonpositive(part_max - row_max), axis=0)
-    base = logits_ptr + row.to(tl.int64) * N
+    base = row.to(tl.int64) * N
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        v = tl.load(base + cols, mask=cols < N, other=0.0)
-        tl.store(base + cols, exp_nonpositive(v - row_max) * inv_total, mask=cols < N)
+        v = tl.load(logits_ptr + base + cols, mask=cols < N, other=0.0)
+        p = exp_nonpositive(v - row_max) * inv_total
+        tl.store(out_ptr + base + cols, p.to(out_ptr.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -71,8 +75,8 @@ def softmax_grad_rows(out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, N, BLOCK_
     top, top_out, top_grad = -1, -1.0, 0.0
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
-        out = tl.load(out_ptr + base + cols, mask=cols < N, other=-1.0)
-        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0)
+        out = tl.load(out_ptr + base + cols, mask=cols < N, other=-1.0).to(tl.float32)
+        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)
         i = tl.argmax(out, axis=0)
         m = tl.max(out, axis=0)
         better = m > top_out
@@ -82,8 +86,8 @@ def softmax_grad_rows(out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, N, BLOCK_
     rest = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
-        out = tl.load(out_ptr + base + cols, mask=cols < N, other=0.0)
-        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0)
+        out = tl.load(out_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)
+        grad = tl.load(grad_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)
         rest += out * (top_grad - grad)
     rest_total = tl.sum(rest, axis=0)
     tl.store(top_ptr + row, top)
@@ -106,7 +110,7 @@ def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr
     total = tl.load(total_ptr + rows, mask=row_ok, other=0.0)
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    out = tl.load(out_ptr + offsets, mask=mask, other=0.0)
-    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0)
+    out = tl.load(out_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     da = out * tl.where(cols[None, :] == top[:, None], rest[:, None], grad - total[:, None])
     store_gradient(da * gelu_grad(y), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

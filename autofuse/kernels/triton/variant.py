@@ -77,7 +77,7 @@ OPERANDS = {
     "split_trunc": ("fp32", "3xtf32", 8, 8),  # x itself as hi, its low part by a pass; W's parts cached
     "round_host": ("tf32", "tf32", 4, 4),  # W rounded to nearest once, x by a pass per call
     "round_kernel": ("tf32", "tf32_round", 4, 4),  # W rounded once, x's tiles in the main loop: no pass
-    "cast_pass": ("bf16", "bf16", 2, 2),  # x cast to bfloat16 by a pass; W's bfloat16 copy cached
+    "cast_pass": ("bf16", "bf16", 2, 2),  # x cast by a pass, W's copy cached; a bfloat16 model's as they are
     # float16 tensor cores (twice TF32's rate) on rows scaled by powers of two (fp16_row_parts); at
     # the default shapes on an H100 0.26-0.30x cuBLAS fp32's time (the TF32 splits: 0.47-0.51x)
     # and 0.65-0.92x cuBLAS tf32's (round_host: 1.07-1.36x; benchmarks/gpu/operand_paths.py):
@@ -207,10 +207,18 @@ class TritonVariant(Variant):
 
     kind = "triton"
     devices = ("cpu", "cuda")  # the CPU only under TRITON_INTERPRET=1: see unavailable_reason
-    dtypes = (torch.float32,)
+    # A bfloat16 model (bfloat16 x, weights, biases, BN parameters and statistics) under bf16 only:
+    # its x and W go to the bf16 main loop as they are, the epilogues compute in float32.
+    dtypes = (torch.float32, torch.bfloat16)
     precisions = ("fp32", "tf32", "bf16")  # fp32 through a compensated split, so not ieee
     supports_autograd = True
     kernels: ClassVar[str] = ".triton_kernels"
+
+    @classmethod
+    def admits(cls, device, dtype, precision, autograd):
+        if dtype == torch.bfloat16 and precision != "bf16":
+            return f"a bfloat16 model runs on bfloat16 operands: precision bf16 only, not {precision}"
+        return super().admits(device, dtype, precision, autograd)
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
@@ -309,22 +317,31 @@ class TritonVariant(Variant):
         under bf16 the bfloat16 copy made here (``backward_gemms`` would cast x again, a pass of
         0.13 ms at 16384×4096; eager under autocast keeps that copy too). W's operands derive from
         the parameter once and are cached until it changes; x's are made per call
-        (``input_operands``). A missing bias is zeros."""
+        (``input_operands``). A bfloat16 model's x and W are the bf16 main loop's operands as they
+        are (no pass, no copy); its bias stays bfloat16, which the epilogues load as float32. A
+        missing bias is zeros."""
         n_out, n_in = weight.shape
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:
             raise InputError(f"expected a 2-D input (batch, {n_in}), got {getattr(x, 'shape', type(x).__name__)}")
-        if not (self.precision == "bf16" and x.dtype == torch.bfloat16):
-            x = operand(x, "input", tuple(x.shape), x.device)
-        w = operand(weight, f"{name}.weight", (n_out, n_in), x.device)
+        dtype = self.model_dtype(weight)
+        x_dtype = torch.bfloat16 if self.precision == "bf16" and x.dtype == torch.bfloat16 else dtype
+        x = operand(x, "input", tuple(x.shape), x.device, x_dtype)
+        w = operand(weight, f"{name}.weight", (n_out, n_in), x.device, dtype)
         operands = self.params["operands"]
         weights = self._weights.get([weight], lambda: weight_operands(w, operands), extra=(operands,))
-        b = torch.zeros(n_out, device=x.device) if bias is None else operand(bias, f"{name}.bias", (n_out,), x.device)
+        b = (torch.zeros(n_out, device=x.device) if bias is None
+             else operand(bias, f"{name}.bias", (n_out,), x.device, dtype))
         x = x.detach().contiguous()
         if operands in ("split_fp16", "scaled_fp16"):
             xs, weights = input_operands(x, operands, weights)
         else:
             xs = input_operands(x, operands)
         return (xs[0] if xs[0].dtype == torch.bfloat16 else x), xs, weights, b
+
+    def model_dtype(self, weight: torch.Tensor) -> torch.dtype:
+        """The dtype of the model's tensors and of the output: bfloat16 for a bfloat16 model under
+        bf16, else float32 (``operand`` then names any other dtype it gets)."""
+        return torch.bfloat16 if self.precision == "bf16" and weight.dtype == torch.bfloat16 else torch.float32
 
     @staticmethod
     def backward_weight(weight: torch.Tensor, weights: Operand) -> torch.Tensor:

@@ -4,7 +4,8 @@ Each check runs tests/interpreted/check_triton.py in its own process: the interp
 on before triton defines the kernels, and this session may have imported them without it.
 The GPU compiles the same kernels for real; these check masks, partial tiles, odd shapes,
 batch 1, both schedules and every operand path against the float64 reference (gradients
-included), and that the checks can fail at all (a tanh-GELU mutant is rejected).
+included), float32 models and bfloat16 ones, and that the checks can fail at all (a tanh-GELU
+mutant is rejected).
 """
 
 import os
@@ -58,6 +59,14 @@ def _run(*args):
 @pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
 def test_triton_variant_passes_the_gate_interpreted(problem, config):
     _run("gate", problem, config, "fp32,tf32,bf16")
+
+
+@pytest.mark.parametrize("config", ["persistent-pointers", "grid-tma"])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
+def test_triton_variant_serves_a_bfloat16_model_interpreted(problem, config):
+    """A bfloat16 model (x, parameters, BN statistics in bfloat16) under bf16: the gate against the
+    float64 reference, gradients and running statistics included; outputs in bfloat16."""
+    _run("gate", problem, config, "bf16_model")
 
 
 def test_triton_backward_kernels_match_the_torch_formulas_interpreted():

@@ -110,13 +110,13 @@ def operand(t: torch.Tensor | None, name: str, shape: tuple[int, ...], device: t
     return t.detach().contiguous()
 
 
-def input_operand(x: torch.Tensor, in_features: int) -> torch.Tensor:
-    """The input as a contiguous float32 CUDA matrix (batch, in_features), or InputError."""
+def input_operand(x: torch.Tensor, in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The input as a contiguous CUDA matrix (batch, in_features) of ``dtype``, or InputError."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise InputError(f"expected a 2-D input (batch, {in_features}), got {getattr(x, 'shape', type(x).__name__)}")
     if x.device.type != "cuda":
         raise InputError(f"expected a CUDA input, got one on {x.device}")
-    return operand(x, "input", (x.shape[0], in_features), x.device)
+    return operand(x, "input", (x.shape[0], in_features), x.device, dtype)
 
 
 def linear_operands(x: torch.Tensor, linear, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

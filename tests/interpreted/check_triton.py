@@ -32,13 +32,17 @@ CONFIGS = {  # the two schedules and both operand paths
 OPERANDS = {"fp32": (("split_trunc", "split_fp16"), ("split_host", "split_fp16")),
             "tf32": (("round_kernel", "scaled_fp16"), ("round_host", "scaled_fp16")),
             "bf16": (("cast_pass",), ("cast_pass",))}
+# What ``gate`` takes besides the precisions: "bf16_model", a bfloat16 model (bfloat16 x,
+# parameters and BN statistics) under bf16.
+MODELS = {"bf16_model": ("bf16", torch.bfloat16)}
 
 
 def gate(problem: str, config: str, precisions: str) -> list[str]:
     """The tuner's gate, gradients included, at every mode and distribution."""
     prob = registry.get_problem(problem)
     failures = []
-    for precision, sizes in itertools.product(precisions.split(","), SIZES):
+    for name, sizes in itertools.product(precisions.split(","), SIZES):
+        precision, dtype = MODELS.get(name, (name, torch.float32))
         for operands in OPERANDS[precision][list(CONFIGS).index(config)]:
             variant = registry.get_variant(problem, "triton")(precision, **CONFIGS[config], operands=operands)
             shape = dict(zip(prob.dims, sizes))
@@ -53,11 +57,10 @@ def gate(problem: str, config: str, precisions: str) -> list[str]:
                 # error that large inputs and gradients amplify (softmax of logits in the hundreds)
                 # past the tolerance. So tf32 is checked on well-conditioned inputs, forward only;
                 # the GPU, where the floor is TF32 too, gates all of it.
-                result = check_variant(variant, prob, cases, "cpu", autograd=precision != "tf32", mode=mode)
-                print(problem, precision, operands, config, shape, mode, result.ok, f"{result.error:.3g}",
-                      flush=True)
+                result = check_variant(variant, prob, cases, "cpu", dtype=dtype, autograd=precision != "tf32", mode=mode)
+                print(problem, name, operands, config, shape, mode, result.ok, f"{result.error:.3g}", flush=True)
                 if not result.ok:
-                    failures.append(f"{problem} {precision} {operands} {config} {shape} {mode}: {result.reason}")
+                    failures.append(f"{problem} {name} {operands} {config} {shape} {mode}: {result.reason}")
     return failures
 
 
@@ -218,7 +221,8 @@ def avgpool_backward() -> list[str]:
     """51's two backward passes against its torch formulas, with the forward's r saved and without:
     every subset of gradients asked for, at blocks small enough that rows, columns, partial sums
     and dW's rows all end in partial tiles (and batch 1); then at the default blocks, a row wider
-    than one column block."""
+    than one column block. Each also with a bfloat16 model's x and g (the passes load them as
+    float32; dx is bfloat16, within its rounding)."""
     from autofuse.variants.gemm_avgpool_gelu_residual import gradients as g51
 
     generator = torch.Generator().manual_seed(7)
@@ -233,7 +237,8 @@ def avgpool_backward() -> list[str]:
         offset = torch.tensor(0.3)
         grad = torch.randn(m, k, generator=generator)
         r = torch.addmv(offset, x, w_mean)
-        for needs, saved_r in itertools.product(needs_cases, (r, None)):
+        for needs, saved_r, dtype in itertools.product(needs_cases, (r, None), (torch.float32, torch.bfloat16)):
+            x, grad = x.to(dtype), grad.to(dtype)
             saved = (x, w_mean, offset, saved_r)
             got = g51.fused_backward(x, w_mean, offset, saved_r, grad, needs, n_out, **blocks)
             want = g51.torch_backward(saved, grad, needs, n_out)
@@ -243,10 +248,11 @@ def avgpool_backward() -> list[str]:
                     continue
                 if a is None:
                     continue
-                error = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-                case = f"{(m, k, n_out)} {needs} r {'saved' if saved_r is not None else 'recomputed'} {name}"
+                error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+                case = f"{(m, k, n_out)} {needs} r {'saved' if saved_r is not None else 'recomputed'} {dtype} {name}"
                 print("avgpool", case, f"relative error {error:.3g}", flush=True)
-                if a.shape != b.shape or not error < 1e-5:
+                bound = 1e-5 if a.dtype == torch.float32 else 8e-3  # a bfloat16 dx: its own rounding
+                if a.shape != b.shape or a.dtype != b.dtype or not error < bound:
                     failures.append(f"{case}: shape {tuple(a.shape)}, relative error {error:.3g}")
     return failures
 

@@ -18,7 +18,8 @@ on the device, so no call synchronises. Memory floor: read x once, write out onc
   skips it. For 32768 < in_features ≤ 65536 its one configuration (1024 threads × 16
   float4) spills 88 bytes (64 registers per thread at 1024 threads); all others spill none.
 
-Preconditions: float32 CUDA tensors (made contiguous); the exact erf GELU; NaN in x
+Preconditions: float32 CUDA tensors (made contiguous), or for ``single_pass`` a bfloat16
+model's (x and out bfloat16, w̄ and c folded in float32); the exact erf GELU; NaN in x
 propagates (x + g). fp32 FMA only, so these run under every precision. Autograd: the backward
 is two GEMVs and rank-one terms (gradients.py); the forward saves x, w̄, c and the row values
 r = x·w̄ + c its kernel computed anyway (one float per row), so the backward need not read x
@@ -56,15 +57,16 @@ class FoldedRowsVariant(CudaVariant):
         """
         gemm, subtract = model.gemm, model.subtract
         tensors = [t for t in (gemm.weight, gemm.bias, subtract) if t is not None]
-        return self._folded.get(tensors, lambda: self._fold(gemm, subtract, device), extra=(device,))
+        return self._folded.get(tensors, lambda: self._fold(gemm, subtract, device, gemm.weight.dtype),
+                                 extra=(device,))
 
     @staticmethod
-    def _fold(gemm, subtract, device):
+    def _fold(gemm, subtract, device, dtype):
         n_out, n_in = gemm.out_features, gemm.in_features
-        operand(gemm.weight, "gemm.weight", (n_out, n_in), device)
+        operand(gemm.weight, "gemm.weight", (n_out, n_in), device, dtype)
         if gemm.bias is not None:
-            operand(gemm.bias, "gemm.bias", (n_out,), device)
-        operand(subtract, "subtract", (n_out,), device)
+            operand(gemm.bias, "gemm.bias", (n_out,), device, dtype)
+        operand(subtract, "subtract", (n_out,), device, dtype)
         w_mean, offset = fold_column_mean(gemm, subtract, torch.float32)
         return w_mean.contiguous(), offset.reshape(()).contiguous()
 
@@ -74,11 +76,15 @@ class FoldedRowsVariant(CudaVariant):
         return fused_call(op, x, gemm.weight, gemm.bias, model.subtract)
 
     def _fused(self, model, x, save):
-        x = input_operand(x, model.gemm.in_features)
+        x = input_operand(x, model.gemm.in_features, self.input_dtype(model))
         w_mean, offset = self.folded(model, x.device)  # cached also under autograd: the backward maps dw̄ to dW
         out = torch.empty_like(x)
         r = self.run(x, w_mean, offset, out, save)
         return out, ((x, w_mean, offset, r) if save else ())
+
+    def input_dtype(self, model) -> torch.dtype:
+        """The dtype of x and out: float32 (a variant that serves bfloat16 models says so)."""
+        return torch.float32
 
     def run(self, x, w_mean, offset, out, save: bool) -> torch.Tensor | None:
         """Write out = x + gelu(r) and return r = x·w̄ + c (one float per row) if ``save``,
@@ -152,19 +158,27 @@ class SinglePassGeluResidual(FoldedRowsVariant):
     kind = "cuda_templated"
     description = "one block per row, the row read once into registers (float4), dot + GELU, written from registers"
     source = "csrc/rows_single_pass.cu"
-    launchers = {"af_rows_single_pass": ("ptr",) * 5 + ("int", "int")}
+    launchers = {"af_rows_single_pass": ("ptr",) * 5 + ("int", "int"),
+                 "af_rows_single_pass_bf16": ("ptr",) * 5 + ("int", "int")}
+    # A bfloat16 model too (under bf16, the only precision a bfloat16 input has): x read and out
+    # written in bfloat16, half the float32 kernel's bytes at the memory floor; w̄, c, r float32.
+    dtypes = (torch.float32, torch.bfloat16)
 
     @classmethod
     def configs(cls, shape, device):
         return single_pass_configs(shape["in_features"])
 
+    def input_dtype(self, model) -> torch.dtype:
+        return torch.bfloat16 if model.gemm.weight.dtype == torch.bfloat16 else torch.float32
+
     def run(self, x, w_mean, offset, out, save):
-        # float4 loads need 16-byte alignment: a contiguous view into a larger tensor may
+        # Vector loads need 4-element alignment: a contiguous view into a larger tensor may
         # start mid-vector, so copy it then (out and w̄ are fresh allocations, aligned).
-        if self.params.get("vec", 4) == 4 and x.data_ptr() % 16:
+        if self.params.get("vec", 4) == 4 and x.data_ptr() % (4 * x.element_size()):
             x = x.clone()
         r = torch.empty(x.shape[0], device=x.device) if save else None
-        self.launch("af_rows_single_pass", x, w_mean, offset, out, r, x.shape[0], x.shape[1], device=x.device)
+        launcher = "af_rows_single_pass_bf16" if x.dtype == torch.bfloat16 else "af_rows_single_pass"
+        self.launch(launcher, x, w_mean, offset, out, r, x.shape[0], x.shape[1], device=x.device)
         return r
 
 

@@ -32,7 +32,8 @@ W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 64, 16, 4
 def backward(saved, grad, needs, n_out: int):
     """(dx, dW, db, dsubtract) per ``needs`` (inputs: x, weight, bias, subtract)."""
     x, w_mean, offset, r = saved
-    if x.shape[0] and fused_kernels_apply(x, w_mean, offset, grad, *([] if r is None else [r])):
+    if (x.shape[0] and fused_kernels_apply(w_mean, offset, *([] if r is None else [r]))
+            and fused_kernels_apply(x, grad, dtypes=(torch.float32, torch.bfloat16))):  # a bfloat16 model's
         return fused_backward(x, w_mean, offset, r, grad, needs, n_out)
     return torch_backward(saved, grad, needs, n_out)
 
@@ -51,8 +52,8 @@ def torch_backward(saved, grad, needs, n_out: int):
 
 def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = ROWS, row_block_k: int = ROW_BLOCK_K,
                    w_block_k: int = W_BLOCK_K, w_block_o: int = W_BLOCK_O, out_split: int = OUT_SPLIT):
-    """``backward`` through the two Triton passes (float32, contiguous); the block sizes are
-    parameters so that a sweep can time them (the defaults: ROWS and the others above)."""
+    """``backward`` through the two Triton passes (contiguous; x and g float32 or bfloat16); the
+    block sizes are parameters so that a sweep can time them (the defaults: ROWS and the others above)."""
     (m, k), device = x.shape, x.device
     kernels = problem_kernels("gemm_avgpool_gelu_residual")
     parts = -(-m // rows)

@@ -14,6 +14,9 @@ saved, on an H100 at (2048, 8192, 8192).
 to its share of dW's rows; the programs of the first column tile also write db = Σ dr / out
 (and dsubtract = −db) for the same rows. Each program merges the partials again, from L2: a
 sixteenth of what it writes at the default blocks, against a third pass and launch.
+
+A bfloat16 model's x and g are loaded as float32 and its dx stored in bfloat16; every sum, dr,
+the partials and dW, db, dsubtract are float32 (autograd rounds those to the parameters' dtype).
 """
 
 import triton
@@ -34,10 +37,10 @@ def row_gradients(x_ptr, w_mean_ptr, offset_ptr, r_ptr, grad_ptr, dx_ptr, dr_ptr
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         mask = row_ok[:, None] & (cols < K)[None, :]
-        g = tl.load(grad_ptr + base + cols[None, :], mask=mask, other=0.0)
+        g = tl.load(grad_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g_sum += tl.sum(g, axis=1)
         if not HAVE_R:
-            x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             w = tl.load(w_mean_ptr + cols, mask=cols < K, other=0.0)
             r += tl.sum(x * w[None, :], axis=1)
     if HAVE_R:
@@ -49,11 +52,11 @@ def row_gradients(x_ptr, w_mean_ptr, offset_ptr, r_ptr, grad_ptr, dx_ptr, dr_ptr
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         mask = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(part_ptr + pid.to(tl.int64) * K + cols, tl.sum(dr[:, None] * x, axis=0), mask=cols < K)
         if NEED_X:
             w = tl.load(w_mean_ptr + cols, mask=cols < K, other=0.0)
-            tl.store(dx_ptr + base + cols[None, :], dr[:, None] * w[None, :], mask=mask)
+            tl.store(dx_ptr + base + cols[None, :], (dr[:, None] * w[None, :]).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -27,11 +27,18 @@ def test_operand_contract_names_expected_and_got():
 
 
 def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
+    """float32 only, but 51's single_pass, which reads and writes a bfloat16 model's rows too; the
+    others refuse a bfloat16 model naming the dtype and what serves it."""
     for problem in ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"):
         for name, cls in registry.variants(problem).items():
             if issubclass(cls, CudaVariant):
-                assert cls.devices == ("cuda",) and cls.dtypes == (torch.float32,) and cls.supports_autograd, name
+                bf16 = name == "single_pass"
+                assert cls.dtypes == ((torch.float32, torch.bfloat16) if bf16 else (torch.float32,)), name
+                assert cls.devices == ("cuda",) and cls.supports_autograd, name
                 assert cls.admits("cpu", torch.float32, "fp32", False) is not None
+                if not bf16:
+                    assert "not bfloat16 (a bfloat16 model is served by the triton variants)" in cls.admits(
+                        "cuda", torch.bfloat16, "bf16", False)
 
 
 class _FakeLibrary:

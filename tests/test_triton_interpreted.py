@@ -69,6 +69,11 @@ def test_triton_variant_serves_a_bfloat16_model_interpreted(problem, config):
     _run("gate", problem, config, "bf16_model")
 
 
+def test_a_bfloat16_model_is_served_by_the_triton_variants_interpreted(tmp_path):
+    """Tune candidates, dispatch through get_module and the KernelBench export at bf16 for a bfloat16 model."""
+    _run("bf16_model_serving", str(tmp_path))
+
+
 def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
     _run("backward_kernels")
 

@@ -146,4 +146,9 @@ def summary(prob, table: DispatchTable, precision: str) -> list[str]:
     if not any(device in here for device, *_ in entries):
         lines.append(f"warning: {table.path} holds no {precision} entry for {prob.name} on this machine: ModelNew runs "
                      f"Model's own forward until you run `autofuse tune {prob.command_name} --precision {precision}`")
+    elif precision == "bf16" and not any(device in here and key.dtype == "bfloat16" for device, _, key, _ in entries):
+        # KernelBench's harness at precision=torch.bfloat16 converts the model and inputs to bfloat16
+        lines.append(f"warning: {table.path} holds no bfloat16-model entry for {prob.name} on this machine: a bfloat16 "
+                     f"ModelNew (KernelBench at precision=torch.bfloat16) runs Model's own forward until you run "
+                     f"`autofuse tune {prob.command_name} --dtype bfloat16 --precision bf16`")
     return lines

@@ -44,6 +44,15 @@ class CudaVariant(Variant):
         return digest.hexdigest()[:16]
 
     @classmethod
+    def admits(cls, device, dtype, precision, autograd):
+        if dtype not in cls.dtypes:
+            # cuBLAS + epilogue on a bfloat16 model would be cuBLAS's bf16 GEMM plus one more pass,
+            # where the triton variants fuse the epilogue into that GEMM: not worth a second kernel.
+            return (f"its kernels take float32 tensors, not {str(dtype).removeprefix('torch.')} "
+                    "(a bfloat16 model is served by the triton variants)")
+        return super().admits(device, dtype, precision, autograd)
+
+    @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
         reason = super().unavailable_reason(device)
         if reason is None and builder.find_nvcc() is None:

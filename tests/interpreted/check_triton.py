@@ -688,6 +688,73 @@ def wide_rows_flags() -> list[str]:
     return failures
 
 
+def bf16_model_serving(tmp: str) -> list[str]:
+    """A bfloat16 model end to end: ``autofuse tune --dtype bfloat16 --precision bf16``'s candidates
+    include the triton variants (the CUDA ones are refused with a reason); a table entry for the
+    bfloat16 key dispatches a bfloat16 ``get_module`` to the triton variant, which returns bfloat16
+    within the bf16 tolerance of float64; and the KernelBench export at --precision bf16, run as
+    KernelBench's harness does at precision=torch.bfloat16 (model and inputs converted), runs it too."""
+    import pathlib
+
+    import autofuse
+    from autofuse.kernelbench.export import export_kernelbench
+    from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
+    from autofuse.tuning.tuner import _spaces
+
+    failures = []
+    params = {**CONFIGS["persistent-pointers"], "operands": "cast_pass"}
+    settings = {"device": "cpu", "dtype": "bfloat16", "precision": "bf16"}
+    for problem in ("matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"):
+        prob = registry.get_problem(problem)
+        shape = dict(zip(prob.dims, (37, 40, 33)))
+        if "triton" not in _spaces(prob, shape, settings, None):
+            failures.append(f"{problem}: the triton variant is no candidate of a bfloat16 tune")
+        table = pathlib.Path(tmp) / f"{problem}.json"
+        mode = "train" if prob.mode_sensitive else "any"
+        DispatchTable(table).record(current_fingerprint("cpu"), problem, shape_key(shape),
+                                    DispatchKey("bfloat16", "bf16", mode, False).to_str(),
+                                    {"variant": "triton", "params": params, "median_ms": 1.0, "eager_ms": 2.0})
+        args, kwargs = prob.init_args(shape)
+        module = autofuse.get_module(problem, *args, table=table, precision="bf16", **kwargs).bfloat16()
+        x = torch.randn(37, 40, generator=torch.Generator().manual_seed(3)).bfloat16()
+        plain = prob.model(*args, **kwargs)
+        plain.load_state_dict(module.state_dict())
+        want, _ = prob.reference(plain.bfloat16().train(module.training), x)
+        with torch.no_grad():
+            info, out = module.dispatch_info(x), module(x)
+        error = ((out.double() - want).norm() / want.norm()).item()
+        print(problem, "bfloat16 get_module:", info["variant"], info["source"], out.dtype, f"{error:.3g}", flush=True)
+        if info["variant"] != "triton" or out.dtype != torch.bfloat16 or not error < prob.tolerance("bf16").rel_l2:
+            failures.append(f"{problem}: a bfloat16 get_module ran {info}, returned {out.dtype}, error {error:.3g}")
+    from autofuse.variants.matmul_clamp_lse_mish.cublas_epilogue import CublasEpilogueClampLseMish
+
+    reason = CublasEpilogueClampLseMish.admits("cuda", torch.bfloat16, "bf16", autograd=False)
+    if reason is None or "bfloat16" not in reason:
+        failures.append(f"cublas_epilogue's refusal of a bfloat16 model names no dtype: {reason!r}")
+    failures += _kernelbench_bf16(pathlib.Path(tmp), export_kernelbench)
+    return failures
+
+
+def _kernelbench_bf16(tmp, export_kernelbench) -> list[str]:
+    """22's export at --precision bf16 at small sizes, run on a bfloat16 model and input."""
+    table = tmp / "matmul_clamp_lse_mish.json"
+    out_file = tmp / "kb22.py"
+    lines = export_kernelbench("matmul_clamp_lse_mish", out_file, table=table, precision="bf16")
+    text = out_file.read_text()
+    for name, size in (("batch_size", 37), ("input_size", 40), ("hidden_size", 33)):
+        text = text.replace(f"\n{name} = ", f"\n{name} = {size}  # ", 1)
+    context = {}
+    exec(compile(text, "<custom>", "exec"), context)
+    model = context["ModelNew"](*context["get_init_inputs"]()).bfloat16()
+    x = context["get_inputs"]()[0].bfloat16()
+    with torch.no_grad():
+        info = model.dispatch_info(x)
+    print("KernelBench export at bf16:", lines, info, flush=True)
+    if info["variant"] != "triton":
+        return [f"the bf16 KernelBench export ran {info} for a bfloat16 model"]
+    return []
+
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
@@ -696,7 +763,7 @@ if __name__ == "__main__":
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
                 "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
-                "bn_without_running_stats": bn_without_running_stats}
+                "bn_without_running_stats": bn_without_running_stats, "bf16_model_serving": bf16_model_serving}
     found = problems[check](*args)
     for line in found:
         print("FAIL:", line)

@@ -105,7 +105,7 @@ class CudaVariant(Variant):
 
 def operand(t: torch.Tensor | None, name: str, shape: tuple[int, ...], device: torch.device,
             dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``t`` as a contiguous tensor of ``dtype`` (the model's: float32 unless a triton variant
+    """``t`` as a contiguous tensor of ``dtype`` (the model's: float32, or bfloat16 where a variant
     serves a bfloat16 model) on ``device`` of ``shape``, or InputError naming what came."""
     want = str(dtype).removeprefix("torch.")
     if t is None:

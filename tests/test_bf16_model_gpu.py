@@ -1,0 +1,89 @@
+"""On the GPU: a bfloat16 model (``model.bfloat16()``, bfloat16 inputs) through the fused variants.
+
+The triton variants of 22, 99 and gemm_bn and 51's ``single_pass`` take a bfloat16 model's x and
+W as they are (no cast pass, no cached copy), compute every epilogue in float32 and write
+bfloat16. Each is held to the gate at bf16 against the float64 reference (output, running
+statistics, and gradients of x and every parameter), whose floor is the eager bfloat16 model,
+at odd sizes and batch 1, and at a default shape, where the fused forward and backward are also
+compared with the eager bfloat16 model's directly. The interpreted CPU checks
+(tests/test_triton_interpreted.py, ``bf16_model``) cover the kernels' logic; these run them compiled.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from autofuse.core import registry
+from autofuse.core.variant import EagerVariant
+from autofuse.testing import assert_variant_conforms
+from autofuse.tuning.gate import CheckCase, check_variant
+
+PROBLEMS = ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"]
+SIZES = ((1, 1000, 777), (37, 1004, 777), (1025, 1000, 1025))
+
+
+def _configs(cls, shape) -> list[dict]:
+    """The first bf16 configuration per (persistent, tma) choice at ``shape``."""
+    seen, chosen = set(), []
+    for params in cls.configs_for(shape, "cuda", "bf16"):
+        if (params["persistent"], params["tma"]) not in seen:
+            seen.add((params["persistent"], params["tma"]))
+            chosen.append(params)
+    return chosen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_triton_serves_a_bfloat16_model_at_odd_sizes(problem):
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
+    for sizes in SIZES:
+        shape = dict(zip(prob.dims, sizes))
+        for params in _configs(cls, shape):
+            assert_variant_conforms(problem, "triton", device="cuda", precision="bf16", params=params,
+                                    dtype=torch.bfloat16, shapes=[shape], seed=sizes[0])
+
+
+def _grads(run, model, x, cotangent):
+    x = x.detach().clone().requires_grad_(True)
+    out = run(model, x)
+    out.backward(cotangent.to(out.dtype))
+    return out.detach(), {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_triton_bfloat16_model_at_a_default_shape_matches_eager_and_float64(problem, mode):
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
+    if mode == "eval" and not prob.mode_sensitive:
+        pytest.skip("one mode only")
+    shape = dict(prob.default_shapes[-1])
+    variant = cls("bf16", **cls.configs_for(shape, "cuda", "bf16")[0])
+    cases = [CheckCase(shape, "randn", 5, randomize=True)]
+    result = check_variant(variant, prob, cases, "cuda", dtype=torch.bfloat16, mode=mode, autograd=True)
+    assert result.ok, result.reason
+    model = prob.build_model(shape).train(mode == "train").cuda().bfloat16()
+    x = prob.make_input(shape, "randn", torch.Generator().manual_seed(1), device="cuda", dtype=torch.bfloat16)
+    cotangent = torch.randn(variant(copy.deepcopy(model), x).shape, device="cuda")
+    got_out, got = _grads(variant, copy.deepcopy(model), x, cotangent)
+    want_out, want = _grads(EagerVariant("bf16"), copy.deepcopy(model), x, cotangent)
+    tol = prob.tolerance("bf16")
+    for name, value in {"output": (got_out, want_out), **{n: (got[n], want[n]) for n in want}}.items():
+        a, b = value
+        if b is None:
+            continue
+        assert a is not None and a.dtype == torch.bfloat16, name
+        error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+        assert error <= 2 * tol.rel_l2 or name in prob.invariant_parameters(mode), (name, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_single_pass_serves_a_bfloat16_model():
+    """51's single_pass on bfloat16 rows: the conformance shapes and the default shape."""
+    problem = "gemm_avgpool_gelu_residual"
+    prob = registry.get_problem(problem)
+    assert_variant_conforms(problem, "single_pass", device="cuda", precision="bf16", dtype=torch.bfloat16)
+    assert_variant_conforms(problem, "single_pass", device="cuda", precision="bf16", dtype=torch.bfloat16,
+                            shapes=[dict(prob.default_shapes[0])])

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--storage", help="study storage shared with other processes or machines: sqlite:///f.db, "
                       "postgresql://user:pw@host/db or journal:///path/f.journal (default: $AUTOFUSE_HOME/studies.journal)")
     tune.add_argument("--no-autograd-entry", action="store_true", help="skip the entry for calls that need gradients")
+    tune.add_argument("--batch-classes", action=argparse.BooleanOptionalAction, default=True,
+                      help="also gate and time entries for the shape's other batch classes: the smallest batch, "
+                           "8, 64, 512 ... below it and twice it (default on)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
@@ -138,7 +141,7 @@ def _tune(args) -> None:
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
                    trial_timeout=args.trial_timeout, variants=args.variants,
                    autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
-                   progress=not args.no_progress, budget=args.budget)
+                   progress=not args.no_progress, budget=args.budget, batch_classes=args.batch_classes)
     for result in results:
         _print_result(result)
 

@@ -296,14 +296,31 @@ def _show(args) -> None:
         params = entry.get("params", {})
         rows.append([device, problem, shape, key, entry.get("variant"), _params(params) if isinstance(params, dict) else repr(params),
                      _number(entry.get("median_ms"), ".4g"), _number(entry.get("speedup") or None, ".2f", "x"),
-                     _number(entry.get("error"), ".1e"), entry.get("date", "")])
+                     _number(entry.get("error"), ".1e"), _batch_class(entry), entry.get("date", "")])
     if not rows:
         print(f"{table.path}: no entries")
         return
     print(f"{table.path}:")
-    print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+    print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error",
+                                  "batch class", "date"]))
     for line in unusable:
         print(f"unusable entry (get_module passes it over): {line}")
+
+
+def _batch_class(entry: dict) -> str:
+    """Where a tune's batch classes put the entry: "rung of 1024" for a rung's choice (", at fp32"
+    where it runs at a stricter precision than its key), and the batches its configuration passed
+    the gate at ("gated 8-2048"), which bound where it may serve if its operands are restricted."""
+    parts = []
+    rung = entry.get("rung_of")
+    if isinstance(rung, str):
+        parts.append(f"rung of {rung.split(',')[0].partition('=')[2] or rung}")
+    if entry.get("runs_at"):
+        parts.append(f"at {entry['runs_at']}")
+    gated = entry.get("gated_batches")
+    if isinstance(gated, list) and gated:
+        parts.append(f"gated {','.join(str(b) for b in gated)}")
+    return ", ".join(parts)
 
 
 def _number(value, spec: str, suffix: str = "") -> str:

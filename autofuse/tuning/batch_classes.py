@@ -209,7 +209,10 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                 done.append(run_rung(dataclasses.replace(job, shape=at), candidates, worker, plan.trial_timeout,
                                      get_budget(plan.budget), said))
             items += _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
-            entry["gated_batches"] = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
+            passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
+            if searched.kept:  # the rungs left as they were keep what they found
+                passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
+            entry["gated_batches"] = passed
             items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
     return items
 

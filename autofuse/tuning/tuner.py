@@ -230,21 +230,23 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     by_speed = _timed_by_speed(results, spaces)
     n_done = len(studies.finished(study))
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
-    if (n_done == before and recorded is not None and recorded[0].get("study") == name
-            and recorded[0].get("trials") == n_done and not recorded[0].get("provisional")):
-        # Nothing new was measured and the table holds this study's choice: keep it (a rerun
-        # of a tuned shape costs no device time).
-        winner, grad_winner, kept = *recorded, True
+    # Nothing new was measured and the table holds this study's choice: keep it (a rerun of a tuned
+    # shape costs no device time).
+    kept = (n_done == before and recorded is not None and recorded[0].get("study") == name
+            and recorded[0].get("trials") == n_done and not recorded[0].get("provisional"))
+    rescue = None  # where the results go if the table cannot be read
+    if kept:
+        winner, grad_winner = recorded
     else:
-        kept = False
         winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
                                       by_speed, budget)
         for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
-        _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+        rescue = _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     if plan.batch_classes and winner is not None and prob.batch_dim is not None:
-        _record_items(table, batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner),
-                                                 worker, plan, batch_classes.Searched(results, spaces, name, kept), label))
+        items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
+                                    batch_classes.Searched(results, spaces, name, kept), label)
+        _record_items(table, items, rescue)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
                       time.monotonic() - started, provisional.first_s, job.log)
 
@@ -427,23 +429,28 @@ def _replaced_untried(recorded, prob, shape, winner, grad_winner) -> list[str]:
     return notes
 
 
-def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:
+def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> DispatchTable | None:
     items = [(fingerprint, prob.name, shape_key(shape), k.to_str(), entry)
              for k, entry in ((key, winner), (dataclasses.replace(key, autograd=True), grad_winner)) if entry is not None]
-    _record_items(table, items)
+    return _record_items(table, items)
 
 
-def _record_items(table: DispatchTable, items: list[tuple]) -> None:
+def _record_items(table: DispatchTable, items: list[tuple], rescue: DispatchTable | None = None) -> DispatchTable | None:
+    """Write ``items`` into ``table``, or where it cannot be read into ``rescue`` (made beside it if
+    None, and returned: the tune's later items go there too)."""
     if not items:
-        return
+        return rescue
     try:
         table.record_many(items)
+        return rescue
     except TableError as exc:
         # The table on disk is someone's record: leave it intact, keep this run's result beside it.
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+        if rescue is None:
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+            print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
         rescue.record_many(items)
-        print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
+        return rescue
 
 
 def main(argv: list[str]) -> int:

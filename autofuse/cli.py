@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--storage", help="study storage shared with other processes or machines: sqlite:///f.db, "
                       "postgresql://user:pw@host/db or journal:///path/f.journal (default: $AUTOFUSE_HOME/studies.journal)")
     tune.add_argument("--no-autograd-entry", action="store_true", help="skip the entry for calls that need gradients")
+    tune.add_argument("--batch-classes", action=argparse.BooleanOptionalAction, default=True,
+                      help="also gate and time entries for the shape's other batch classes: the smallest batch, "
+                           "8, 64, 512 ... below it and twice it (default on)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
@@ -138,7 +141,7 @@ def _tune(args) -> None:
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
                    trial_timeout=args.trial_timeout, variants=args.variants,
                    autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
-                   progress=not args.no_progress, budget=args.budget)
+                   progress=not args.no_progress, budget=args.budget, batch_classes=args.batch_classes)
     for result in results:
         _print_result(result)
 
@@ -293,14 +296,31 @@ def _show(args) -> None:
         params = entry.get("params", {})
         rows.append([device, problem, shape, key, entry.get("variant"), _params(params) if isinstance(params, dict) else repr(params),
                      _number(entry.get("median_ms"), ".4g"), _number(entry.get("speedup") or None, ".2f", "x"),
-                     _number(entry.get("error"), ".1e"), entry.get("date", "")])
+                     _number(entry.get("error"), ".1e"), _batch_class(entry), entry.get("date", "")])
     if not rows:
         print(f"{table.path}: no entries")
         return
     print(f"{table.path}:")
-    print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error", "date"]))
+    print(tabulate(rows, headers=["device", "problem", "shape", "key", "variant", "params", "ms", "vs eager", "error",
+                                  "batch class", "date"]))
     for line in unusable:
         print(f"unusable entry (get_module passes it over): {line}")
+
+
+def _batch_class(entry: dict) -> str:
+    """Where a tune's batch classes put the entry: "rung of 1024" for a rung's choice (", at fp32"
+    where it runs at a stricter precision than its key), and the batches its configuration passed
+    the gate at ("gated 8-2048"), which bound where it may serve if its operands are restricted."""
+    parts = []
+    rung = entry.get("rung_of")
+    if isinstance(rung, str):
+        parts.append(f"rung of {rung.split(',')[0].partition('=')[2] or rung}")
+    if entry.get("runs_at"):
+        parts.append(f"at {entry['runs_at']}")
+    gated = entry.get("gated_batches")
+    if isinstance(gated, list) and gated:
+        parts.append(f"gated {','.join(str(b) for b in gated)}")
+    return ", ".join(parts)
 
 
 def _number(value, spec: str, suffix: str = "") -> str:

@@ -173,3 +173,18 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
     assert names, problem
     if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
         assert {"persistent_gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("problem,mode", CASES)
+def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, precision):
+    """The batch classes' small-tile seeds (16 and 32 rows, 4 warps: tl.dot's smallest M) compile, with
+    the epilogue's reductions over 64- and 128-column tiles."""
+    prob = registry.get_problem(problem)
+    shape = dict(zip(prob.dims, SHAPES[problem]))
+    seeds = registry.get_variant(problem, "triton").small_batch_seeds(shape, "cuda", precision, tv.DEFAULTS[precision])
+    assert [(c["block_m"], c["block_n"]) for c in seeds][:2] == [(16, 64), (32, 128)], seeds
+    for params in seeds[:2]:
+        for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision, params, False):
+            kernel = compile_for_hopper(fn, args, dict(kwargs))
+            assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__} at {params}: {kernel.metadata.shared} bytes"

@@ -65,7 +65,7 @@ def test_a_retune_that_drops_a_faster_recorded_winner_says_so(tmp_path, capsys):
     """A retune over fewer variants replaces the entry (its own side-by-side choice) but names the
     recorded winner it did not run when that one had measured faster."""
     table = tmp_path / "t.json"
-    kwargs = dict(device="cpu", table=table, autograd_entry=False, progress=False)
+    kwargs = dict(device="cpu", table=table, autograd_entry=False, progress=False, batch_classes=False)
     autofuse.tune("matmul_gelu_softmax", SMALL, seed=1, variants=["eager"], **kwargs)
     doc = json.loads(table.read_text())
     [entries] = [shapes for device in doc["devices"].values() for shapes in device["problems"]["matmul_gelu_softmax"].values()]
@@ -104,7 +104,8 @@ def test_an_interrupted_tune_resumes_from_the_study(tmp_path, monkeypatch):
         return real_call(self, op, payload, timeout)
 
     monkeypatch.setattr(worker_module.Worker, "call", counting_call)
-    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=5, autograd_entry=False, progress=False)
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=5, autograd_entry=False, progress=False,
+                  batch_classes=False)  # counted: the study's trials alone
     autofuse.tune("matmul_clamp_lse_mish", SMALL, n_trials=1, **kwargs)
     first = calls.count("evaluate")
     calls.clear()
@@ -117,7 +118,7 @@ def test_concurrent_tuners_into_one_table_lose_nothing(tmp_path):
     procs = [
         subprocess.Popen([sys.executable, "-m", "autofuse.cli", "tune", "matmul_gelu_softmax", "--device", "cpu",
                           "--shape", f"batch_size={b},in_features=32,out_features=24", "--table", str(table),
-                          "--no-progress", "--seed", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          "--no-progress", "--no-batch-classes", "--seed", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for b in (3, 5, 9)
     ]
     for proc in procs:
@@ -172,7 +173,8 @@ def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_pat
 
 
 def test_a_retune_of_some_variants_keeps_the_other_variants_records(tmp_path):
-    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=3, progress=False, autograd_entry=False)
+    kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=3, progress=False, autograd_entry=False,
+                  batch_classes=False)
     [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["eager", "simplified"], n_trials=2, **kwargs)
     [again] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["eager"], n_trials=1, **kwargs)
     [[entry]] = [list(shapes.values()) for device in DispatchTable(tmp_path / "t.json").load()["devices"].values()

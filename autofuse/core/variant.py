@@ -80,6 +80,14 @@ class Variant:
         return cls.configs(shape, device)
 
     @classmethod
+    def small_batch_seeds(cls, shape: Mapping[str, int], device: str, precision: str,
+                          like: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Configurations built for a small, memory-bound batch at ``shape`` (smaller tiles, more
+        programs), most promising first, resembling ``like`` (the winner at the tuned batch) where
+        they can: what a batch class below the tuned batch races beside ``like`` (none by default)."""
+        return []
+
+    @classmethod
     def params_elsewhere(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """The configuration to run where ``params`` were not gated (the dispatcher's nearest-batch
         fallback): ``params`` themselves, unless a configuration passes the gate only at some

@@ -8,7 +8,15 @@ the precision it was tuned at, under the math mode and the gate it passed there.
 Precision before batch size: for each serving precision, the exact shape, then the nearest
 tuned batch size. A configuration tuned at a nearby batch is the same kernel at the same
 arithmetic; a stricter precision can cost several times more (H100, 1024×8192², 99: the bf16
-entry ran 0.22 ms, the fp32 one 2.69 ms).
+entry ran 0.22 ms, the fp32 one 2.69 ms). Where the family holds entries a tune wrote with its
+batch classes (``autofuse.tuning.batch_classes``: ``rung_of``, ``gated_batches``), the further
+ones follow the nearest, in order of distance: the nearest may be restricted to the batches where
+it was gated, and the next one (a rung below) serve. A table without those fields is served as
+before: the exact shape, then the nearest batch.
+
+An entry may run at a stricter precision than its key (``runs_at``: a batch class whose key's
+operands failed the gate there, served by the same variant at fp32); it is timed against its
+key's reference, so the guard below does not apply to it beyond what its key's precision says.
 
 On CUDA a stricter entry serves only where it is expected to beat the reference at the
 requested precision, which can be much faster than its own precision's reference: its speedup
@@ -75,15 +83,22 @@ class Found:
     """A table entry that may serve a call: tuned at ``precision`` (which it runs at) and ``shape``."""
 
     entry: dict
-    precision: str
+    precision: str  # the key's precision it was found under
     shape: str
     exact_shape: bool
     requested: str
 
     @property
+    def runs_at(self) -> str:
+        """The precision it runs at: its key's, or the stricter one its entry names (``runs_at``)."""
+        return self.entry.get("runs_at") or self.precision
+
+    @property
     def source(self) -> str:
         """What ``dispatch_info`` says: "tuned", "tuned at fp32", "nearest batch (...)", ..."""
-        how = "tuned" if self.exact_shape else f"nearest batch ({self.shape})"
+        rung = self.entry.get("rung_of")
+        how = "tuned" if self.exact_shape else (
+            f"nearest batch ({self.shape}, batch class of {rung})" if rung else f"nearest batch ({self.shape})")
         if self.precision == self.requested:
             return how
         return f"{how} at {self.precision}" if self.exact_shape else f"{how}, tuned at {self.precision}"
@@ -103,10 +118,13 @@ def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | No
             continue  # a bfloat16-input key exists only under bf16
         key = dataclasses.replace(dkey, precision=precision).to_str()
         exact = shapes.get(shape_key(shape), {}).get(key)
-        nearest = _nearest_batch(shapes, shape, key, batch_dim)
-        for skey, entry in ([(shape_key(shape), exact)] if exact is not None else []) + ([nearest] if nearest else []):
+        family = _by_batch_distance(shapes, shape, key, batch_dim)
+        # Old tables: the nearest alone; entries of a tune with batch classes: each in turn (module docstring).
+        nearby = family[:1] + [(skey, entry) for skey, entry in family[1:] if _of_batch_classes(entry)]
+        for skey, entry in ([(shape_key(shape), exact)] if exact is not None else []) + nearby:
             candidate = Found(entry, precision, skey, exact_shape=skey == shape_key(shape), requested=dkey.precision)
-            reason = bad_entry(entry) or slower_than_reference(entry, precision, dkey.precision, device_type)
+            reason = (bad_entry(entry) or _runs_looser(entry, precision)
+                      or slower_than_reference(entry, precision, dkey.precision, device_type))
             if reason is None:
                 found.append(candidate)
             else:
@@ -135,7 +153,38 @@ def bad_entry(entry: dict) -> str | None:
     params = entry.get("params", {})
     if not isinstance(params, dict):
         return f"its params must be an object, got {params!r}"
+    gated = entry.get("gated_batches")
+    if gated is not None and not (isinstance(gated, list) and all(_batch_size(b) for b in gated)):
+        return f"its gated_batches must be a list of batch sizes >= 1, got {gated!r}"
+    if entry.get("runs_at") is not None and entry["runs_at"] not in _INPUT_DTYPES:
+        return f"its runs_at must be one of {sorted(_INPUT_DTYPES)}, got {entry['runs_at']!r}"
     return None
+
+
+def _batch_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _runs_looser(entry: dict, precision: str) -> str | None:
+    """Why an entry under a ``precision`` key may not run at its ``runs_at`` (a looser precision), or None."""
+    runs_at = entry.get("runs_at")
+    if runs_at is None or runs_at in serving_order(precision):
+        return None
+    return f"it runs at {runs_at}, looser than its key's {precision}"
+
+
+def _of_batch_classes(entry: dict) -> bool:
+    """Whether a tune with batch classes wrote ``entry`` (a rung's, or one whose gated batches it recorded)."""
+    return "rung_of" in entry or "gated_batches" in entry
+
+
+def gated_around(entry: dict, batch: int) -> bool:
+    """Whether the entry's configuration passed the gate at ``batch``, or at batches on either side
+    of it (``gated_batches``; a table without them: False)."""
+    gated = entry.get("gated_batches")
+    if not isinstance(gated, list) or not gated or not all(_batch_size(b) for b in gated):
+        return False
+    return min(gated) <= batch <= max(gated)
 
 
 def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: str) -> str | None:
@@ -152,12 +201,13 @@ def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: 
             f"the reference gains at {requested}, so the reference at {requested} is expected to be faster")
 
 
-def _nearest_batch(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) -> tuple[str, dict] | None:
-    """(shape key, entry) tuned at the batch size nearest (in ratio) to ``shape``'s, other dims equal."""
+def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) -> list[tuple[str, dict]]:
+    """(shape key, entry) of every other batch size of ``shape``'s family (other dims equal) holding
+    ``dkey``, nearest (in ratio) first; at equal distance in the table's order, as before batch classes."""
     if batch_dim is None or not shape.get(batch_dim):
-        return None
+        return []
     others = {k: v for k, v in shape.items() if k != batch_dim}
-    best = None
+    found = []
     for skey, by_key in shapes.items():
         try:
             tuned = parse_shape_key(skey)
@@ -167,8 +217,5 @@ def _nearest_batch(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) 
             continue
         if {k: v for k, v in tuned.items() if k != batch_dim} != others:
             continue
-        distance = abs(math.log(tuned[batch_dim] / shape[batch_dim]))
-        if best is None or distance < best[0]:
-            best = (distance, skey, by_key[dkey])
-    return None if best is None else best[1:]
-
+        found.append((abs(math.log(tuned[batch_dim] / shape[batch_dim])), tuned[batch_dim], skey, by_key[dkey]))
+    return [(skey, entry) for _, _, skey, entry in sorted(found, key=lambda item: item[0])]

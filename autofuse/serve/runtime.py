@@ -35,7 +35,7 @@ from autofuse.core.precision import check_dtype, check_precision, parse_dtype
 from autofuse.core.variant import EagerVariant, check_params
 from autofuse.errors import TableError
 from autofuse.serve import tune_on_miss as background
-from autofuse.serve.dispatch import CallKey, Found, candidates, passed_over_before
+from autofuse.serve.dispatch import CallKey, Found, candidates, gated_around, passed_over_before
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.serve.table_watch import WATCH
@@ -141,6 +141,8 @@ def _dispatch_info(self, x) -> dict:
     """Which variant a call with ``x`` dispatches to, and why (resolving it if needed): ``variant``,
     ``params``, ``source`` ("tuned", "tuned at fp32", "nearest batch (...)", "no entry: reference",
     ...), ``precision`` (the one it runs at), ``entry``, and with tune-on-miss ``tune_on_miss``.
+    Where an entry serves: ``served_from`` (its shape), ``rung_of`` (the tune's shape whose batch
+    classes it was chosen for, or None) and ``passed_over`` (why each entry ranked before it did not).
     In grad mode these describe the autograd entry, and ``without_backward`` says what serves
     once ``grad_mode.SWITCH_AFTER`` calls in a row had no backward: ``since_backward`` (calls
     so far), ``switch_after``, and the no-grad entry's ``variant`` and ``source``."""
@@ -280,48 +282,56 @@ class Dispatcher:
         shapes = document.get("devices", {}).get(fingerprint, {}).get("problems", {}).get(self.problem.name, {})
         found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
         where = f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()})"
+        unusable = []  # why each entry tried before the one that serves could not
         for served, candidate in enumerate(found):
-            variant = self._instantiate(candidate, shape, dkey, device, where)
+            variant, why = self._instantiate(candidate, shape, dkey, device, where)
             if variant is not None:
                 for reason in passed_over_before(passed_over, served):
                     self._say(f"{where}: passing over {reason}")
                 if candidate.source != "tuned":
                     self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
-                              f"{variant.name}, run at {candidate.precision}")
-                return variant, {"variant": variant.name, "params": variant.params,
-                                 "source": candidate.source, "precision": candidate.precision, "entry": candidate.entry}
+                              f"{variant.name}, run at {candidate.runs_at}")
+                return variant, {"variant": variant.name, "params": variant.params, "source": candidate.source,
+                                 "precision": candidate.runs_at, "entry": candidate.entry, "served_from": candidate.shape,
+                                 "rung_of": candidate.entry.get("rung_of"),
+                                 "passed_over": passed_over_before(passed_over, served) + unusable}
+            unusable.append(why)
         for reason in passed_over_before(passed_over, None):
             self._say(f"{where}: passing over {reason}")
         if found:
-            return self._reference("unusable entry: reference")
+            call, info = self._reference("unusable entry: reference")
+            return call, {**info, "passed_over": passed_over_before(passed_over, None) + unusable}
         mode = f" --mode {dkey.mode}" if dkey.mode != "any" else ""
         hint = f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)} --precision {self.precision}{mode}"
         self._say(f"no tuned entry for {where} on {fingerprint}; running the reference. To tune it: {hint}")
         return self._reference("no entry: reference")
 
-    def _instantiate(self, candidate: Found, shape: dict, dkey: DispatchKey, device, where: str):
-        """The entry's variant built at the precision it was tuned at, or None (said why)."""
+    def _instantiate(self, candidate: Found, shape: dict, dkey: DispatchKey, device, where: str) -> tuple:
+        """(the entry's variant built at the precision it runs at, None), or (None, why not: also said)."""
         entry = candidate.entry
         try:
             variant_cls = registry.get_variant(self.problem.name, entry["variant"])
-            reason = variant_cls.admits(device.type, parse_dtype(dkey.dtype), candidate.precision, dkey.autograd)
+            reason = variant_cls.admits(device.type, parse_dtype(dkey.dtype), candidate.runs_at, dkey.autograd)
             if reason is not None:
                 raise ValueError(reason)
             params = entry.get("params", {})
-            if not candidate.exact_shape:
+            # Elsewhere than where it was gated: a neighbour of its configuration that passes everywhere.
+            bracketed = candidate.exact_shape or gated_around(entry, shape[self.problem.batch_dim])
+            if not bracketed:
                 params = variant_cls.params_elsewhere(params)
             check_params(variant_cls, params, shape, device.type)  # at the exact shape too: test_runtime
-            if not candidate.exact_shape:
-                reason = variant_cls.only_where_gated(params)
-                if reason is not None:
-                    raise ValueError(f"{reason}; it was gated at {candidate.shape}, not this shape")
-            variant = variant_cls(candidate.precision, **params)
+            reason = None if bracketed else variant_cls.only_where_gated(params)
+            if reason is not None:
+                gated = entry.get("gated_batches")
+                raise ValueError(f"{reason}; it was gated at {candidate.shape}"
+                                 + (f" and batches {gated}" if gated else "") + ", not around this batch")
+            variant = variant_cls(candidate.runs_at, **params)
             variant.build(str(device))
-            return variant
+            return variant, None
         except Exception as exc:  # noqa: BLE001 - automatic selection falls back and says why
             self._say(f"the tuned variant {entry.get('variant')!r} ({candidate.source}) for {where} "
                       f"cannot be used ({exc}); trying the next entry or the reference")
-            return None
+            return None, f"the entry {candidate.source} ({entry.get('variant')}): {exc}"
 
     def _bound(self, key: CallKey, call):
         """What a call with ``key`` runs: ``call``, or for a grad-mode key a ``GradModeCall``

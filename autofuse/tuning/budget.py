@@ -14,6 +14,10 @@ and keeps a more complex variant only where it wins). A variant whose best time 
 search stops once ``stall`` measured trials in a row have not bettered the best by 1%; and only
 variants whose forward is within ``grad_reach`` of the best forward enter the autograd entry.
 ``full`` gates every candidate and searches the whole trial budget, as autofuse did before.
+
+Each batch class of the key (``autofuse.tuning.batch_classes``) races the winner's configuration,
+``rung_runners_up`` more of the study's fastest and, below ``SMALL_BATCH``, ``rung_seeds``
+small-tile configurations; under ``quick`` they too are gated only within ``reach``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class Budget:
     prune: float  # draw no more of a variant whose best time is beyond prune × the best
     stall: int | None  # stop after this many measured trials without a STALL_GAIN gain
     grad_reach: float  # the autograd entry takes variants whose forward is within this × the best
+    rung_runners_up: int = 1  # a batch class also races this many more of the study's fastest configurations
+    rung_seeds: int = 1  # and, at a small batch, this many small-tile configurations
 
     def gates(self, median_ms: float, best_ms: float | None) -> bool:
         """Whether a candidate timed at ``median_ms`` is worth gating."""
@@ -42,8 +48,10 @@ class Budget:
 
 
 BUDGETS = {
-    "quick": Budget("quick", max_trials=24, reach=1.25, prune=2.0, stall=8, grad_reach=2.5),
-    "full": Budget("full", max_trials=40, reach=math.inf, prune=math.inf, stall=None, grad_reach=math.inf),
+    "quick": Budget("quick", max_trials=24, reach=1.25, prune=2.0, stall=8, grad_reach=2.5,
+                    rung_runners_up=1, rung_seeds=1),
+    "full": Budget("full", max_trials=40, reach=math.inf, prune=math.inf, stall=None, grad_reach=math.inf,
+                   rung_runners_up=3, rung_seeds=2),
 }
 
 

@@ -36,7 +36,7 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
-    variant = registry.get_variant(job.problem, candidate.variant)(job.precision, **candidate.params)
+    variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
     try:
         variant.build(job.device)
         timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
@@ -65,7 +65,8 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
     state = _job_state(state, job)
     calls = {BASELINE: _timed_call(state, job, EagerVariant(job.precision), False)}
     for candidate in candidates:
-        variant = registry.get_variant(job.problem, candidate.variant)(job.precision, **candidate.params)
+        variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision,
+                                                                      **candidate.params)
         variant.build(job.device)
         calls[candidate.label()] = _timed_call(state, job, variant, candidate.autograd)
     if any(c.autograd for c in candidates):
@@ -83,4 +84,4 @@ def _timed_call(state: dict, job: Job, variant, autograd: bool):
     model, x = state["timing_case"]
     if not autograd:
         return forward_call(variant, model, x)
-    return training_call(variant, model, x, state.setdefault("upstream", {}), job.precision)
+    return training_call(variant, model, x, state.setdefault("upstream", {}), variant.precision)

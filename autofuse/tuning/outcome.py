@@ -32,10 +32,14 @@ class Candidate:
     variant: str
     params: dict
     autograd: bool = False
+    # Run at this precision instead of the job's: a stricter one, whose gate the candidate must
+    # then pass (a batch class's fallback where the key's operands pass only at some shapes).
+    precision: str | None = None
 
     def label(self) -> str:
         params = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.variant}[{params}]" + (" +grad" if self.autograd else "")
+        at = f" @{self.precision}" if self.precision else ""
+        return f"{self.variant}[{params}]{at}" + (" +grad" if self.autograd else "")
 
 
 class Outcome(str, enum.Enum):

@@ -33,6 +33,11 @@ class TrialProgress:
             self._bar.n = done
             self._bar.refresh()
 
+    def advance(self, note: str) -> None:
+        """One more candidate measured outside the study (a batch class's), ``note`` beside the bar."""
+        self._bar.update(1)
+        self._bar.set_postfix_str(note)
+
     def __enter__(self):
         return self
 

@@ -33,6 +33,7 @@ class Row:
     trials: int
     final: Timing | None = None  # from the interleaved re-timing, when it took part
     eager_ms: float | None = None
+    precision: str | None = None  # run at this stricter precision, not the job's (``Candidate.precision``)
 
     @property
     def ok(self) -> bool:
@@ -52,14 +53,15 @@ def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bo
     ok = sorted((r for r in rows if r.ok), key=lambda r: r.result.timing.p20_ms)[:TOP_K]
     if not ok:
         return None
-    candidates = {r.variant: Candidate(r.variant, r.params, autograd) for r in ok}
+    # By row, not by variant: a batch class races several configurations of one variant.
+    candidates = [Candidate(r.variant, r.params, autograd, r.precision) for r in ok]
     rounds = int(max(10, min(50, RETIME_BUDGET_MS / sum(r.result.timing.median_ms for r in ok))))
-    timings = worker.call("retime", (job, list(candidates.values()), rounds), trial_timeout)
+    timings = worker.call("retime", (job, candidates, rounds), trial_timeout)
     baseline = BASELINE + (" +grad" if autograd else "")
     if isinstance(timings, TrialResult):  # re-timing broke: fall back to the search's timings
         timings = {}
-    for row in ok:
-        row.final = timings.get(candidates[row.variant].label())
+    for row, candidate in zip(ok, candidates):
+        row.final = timings.get(candidate.label())
         row.eager_ms = timings[baseline].median_ms if baseline in timings else None
     best = pick_simplest_within_noise(ok)
     return _entry(best)
@@ -106,6 +108,26 @@ def _entry(row: Row) -> dict:
         "eager_ms": row.eager_ms,
         "speedup": None if not row.eager_ms else row.eager_ms / timing.median_ms,
         "error": row.result.error,
+        **({} if row.precision is None else {"runs_at": row.precision}),
         # Seconds its first call compiled (torch.compile) when tuned: what a process's first call costs.
         **({} if row.result.compile_s is None else {"compile_s": round(row.result.compile_s, 3)}),
     }
+
+
+def candidate_records(rows: list[Row]) -> dict:
+    """The table's record of each row's variant (an entry's ``candidates``): what ``autofuse bench``
+    measures again and ``autofuse report`` lists."""
+    return {
+        row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
+                      "median_ms": row.timing.median_ms if row.ok else None,
+                      "error": row.result.error if row.result else None,
+                      "reason": (row.result.reason or "")[:300] if row.result else "",
+                      **_compile_s(row)}
+        for row in rows
+    }
+
+
+def _compile_s(row: Row) -> dict:
+    """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
+    seconds = row.result.compile_s if row.result else None
+    return {} if seconds is None else {"compile_s": round(seconds, 3)}

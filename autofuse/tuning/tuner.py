@@ -32,14 +32,14 @@ from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.dispatch import bad_entry
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tuning import parallel, placement
+from autofuse.tuning import batch_classes, parallel, placement
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
 from autofuse.tuning.evaluate import BASELINE
 from autofuse.tuning.outcome import Outcome
 from autofuse.tuning.search import search
-from autofuse.tuning.selection import Row, choose
+from autofuse.tuning.selection import Row, candidate_records, choose
 from autofuse.tuning.storage import open_storage
 from autofuse.tuning.worker import Candidate, Job, Worker
 
@@ -79,6 +79,7 @@ class Plan:
     autograd_entry: bool = True
     progress: bool = True
     budget: str = "quick"
+    batch_classes: bool = True  # also gate and time the shape family's other batch classes
     backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
 
     def to_json(self) -> dict:
@@ -89,7 +90,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          dtype: str = "float32", precision: str = "fp32", mode: str | None = None,
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
-         storage=None, workers: int = 1, progress: bool = True, budget: str = "quick") -> list[TuneResult]:
+         storage=None, workers: int = 1, progress: bool = True, budget: str = "quick",
+         batch_classes: bool = True) -> list[TuneResult]:
     """Tune ``problem`` at ``shape`` (default: each of its default shapes, which on the CPU must be
     CPU-sized: ``placement``); see the module docstring.
 
@@ -98,7 +100,9 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     (``autofuse.tuning.storage``; default: a journal file under $AUTOFUSE_HOME) that other processes
     and machines may share; ``workers`` processes search each shape at once, one per GPU (or
     all on the CPU), before this process makes the final choice. ``budget`` is "quick" or "full"
-    (``autofuse.tuning.budget``). Returns one TuneResult per shape.
+    (``autofuse.tuning.budget``). With ``batch_classes`` each shape's entries are also gated and timed
+    at the family's other batch classes (``autofuse.tuning.batch_classes``), each written as an entry
+    of its own. Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
     _check_limits(n_trials, timeout, trial_timeout)
@@ -112,7 +116,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
         raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
     get_budget(budget)  # an unknown budget name fails here, before any work
     plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
-                backend=open_storage(storage))  # a bad URL fails here, before any work
+                bool(batch_classes), backend=open_storage(storage))  # a bad URL fails here, before any work
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
@@ -226,17 +230,23 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     by_speed = _timed_by_speed(results, spaces)
     n_done = len(studies.finished(study))
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
-    if (n_done == before and recorded is not None and recorded[0].get("study") == name
-            and recorded[0].get("trials") == n_done and not recorded[0].get("provisional")):
-        # Nothing new was measured and the table holds this study's choice: keep it (a rerun
-        # of a tuned shape costs no device time).
+    # Nothing new was measured and the table holds this study's choice: keep it (a rerun of a tuned
+    # shape costs no device time).
+    kept = (n_done == before and recorded is not None and recorded[0].get("study") == name
+            and recorded[0].get("trials") == n_done and not recorded[0].get("provisional"))
+    rescue = None  # where the results go if the table cannot be read
+    if kept:
         winner, grad_winner = recorded
     else:
         winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
                                       by_speed, budget)
         for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
-        _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+        rescue = _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+    if plan.batch_classes and winner is not None and prob.batch_dim is not None:
+        items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
+                                    batch_classes.Searched(results, spaces, name, kept), label)
+        _record_items(table, items, rescue)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
                       time.monotonic() - started, provisional.first_s, job.log)
 
@@ -384,25 +394,8 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
     # entry's times are training steps (forward + backward), its candidates' too.
     for entry, timed, step in ((winner, rows, "forward"), (grad_winner, grad_rows, "forward+backward")):
         if entry is not None:
-            entry.update(stamp, step=step, source_hash=variants[entry["variant"]].source_hash(), candidates=_candidates(timed))
+            entry.update(stamp, step=step, source_hash=variants[entry["variant"]].source_hash(), candidates=candidate_records(timed))
     return winner, grad_winner
-
-
-def _candidates(rows: list[Row]) -> dict:
-    return {
-        row.variant: {"params": row.params, "outcome": row.result.outcome.value if row.result else "not run",
-                      "median_ms": row.timing.median_ms if row.ok else None,
-                      "error": row.result.error if row.result else None,
-                      "reason": (row.result.reason or "")[:300] if row.result else "",
-                      **_compile_s(row)}
-        for row in rows
-    }
-
-
-def _compile_s(row: Row) -> dict:
-    """{"compile_s": seconds} for a variant that compiles at its first call (optional in the table)."""
-    seconds = row.result.compile_s if row.result else None
-    return {} if seconds is None else {"compile_s": round(seconds, 3)}
 
 
 def _entries_before(table, fingerprint, prob, shape, key) -> tuple[dict | None, dict | None]:
@@ -436,19 +429,28 @@ def _replaced_untried(recorded, prob, shape, winner, grad_winner) -> list[str]:
     return notes
 
 
-def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> None:
+def _record(table: DispatchTable, fingerprint, prob, shape, key, winner, grad_winner) -> DispatchTable | None:
     items = [(fingerprint, prob.name, shape_key(shape), k.to_str(), entry)
              for k, entry in ((key, winner), (dataclasses.replace(key, autograd=True), grad_winner)) if entry is not None]
+    return _record_items(table, items)
+
+
+def _record_items(table: DispatchTable, items: list[tuple], rescue: DispatchTable | None = None) -> DispatchTable | None:
+    """Write ``items`` into ``table``, or where it cannot be read into ``rescue`` (made beside it if
+    None, and returned: the tune's later items go there too)."""
     if not items:
-        return
+        return rescue
     try:
         table.record_many(items)
+        return rescue
     except TableError as exc:
         # The table on disk is someone's record: leave it intact, keep this run's result beside it.
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+        if rescue is None:
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            rescue = DispatchTable(table.path.with_name(f"{table.path.stem}.rescued-{stamp}.json"))
+            print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
         rescue.record_many(items)
-        print(f"autofuse: {exc}\nautofuse: this run's results were written to {rescue.path} instead")
+        return rescue
 
 
 def main(argv: list[str]) -> int:

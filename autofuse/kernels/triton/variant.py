@@ -108,20 +108,31 @@ STAGE_BYTES = 200 * 1024
 MAX_ACC_PER_THREAD = 128
 # Under the interpreter (the CPU tests): tiles of 16, so small odd shapes cross several tiles in
 # every dimension and the edges (partial tiles, the K tail, clamped rows) are exercised.
-INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "block_ks": (16,), "stages": (2,), "warps": (4,), "groups": (2, 8)}
+INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "small_tiles": ((16, 32),), "block_ks": (16,), "stages": (2,),
+                     "warps": (4,), "groups": (2, 8)}
+# At a batch up to SMALL_BATCH the GEMM is memory-bound: the weight's read is the floor, and a
+# 128-row tile would multiply mostly rows past the batch. Tiles of 16-64 rows (tl.dot's smallest M
+# is 16) with narrow columns give one program per 64-128 columns of W, enough to keep the SMs
+# reading (8192 columns: 64-128 programs); such a tile holds one warp group's accumulator at 4 warps.
+SMALL_BATCH = 256
+SMALL_TILES = ((16, 64), (32, 128), (64, 64), (16, 128), (32, 64))
 
 
-def gemm_configs(n_in: int, device: str = "cuda") -> list[dict[str, Any]]:
-    """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision."""
+def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> list[dict[str, Any]]:
+    """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision; at a
+    ``batch`` up to ``SMALL_BATCH`` the small-batch tiles too."""
     tma_ok = n_in % 8 == 0  # 16-byte row strides for float32 x and a bfloat16 W
-    space = INTERPRETER_SPACE if device == "cpu" else {"tiles": TILES, "block_ks": BLOCK_KS, "stages": STAGES,
-                                                         "warps": WARPS, "groups": GROUPS}  # fmt: skip
+    space = INTERPRETER_SPACE if device == "cpu" else {"tiles": TILES, "small_tiles": SMALL_TILES, "block_ks": BLOCK_KS,
+                                                         "stages": STAGES, "warps": WARPS, "groups": GROUPS}  # fmt: skip
+    tiles = space["tiles"] + (space["small_tiles"] if batch is not None and batch <= SMALL_BATCH else ())
     configs = []
     for (bm, bn), bk, stages, warps, group, persistent, tma, operands in itertools.product(
-            space["tiles"], space["block_ks"], space["stages"], space["warps"], space["groups"],
+            tiles, space["block_ks"], space["stages"], space["warps"], space["groups"],
             (True, False), (True, False), OPERANDS):
         if tma and not tma_ok:
             continue
+        if (bm, bn) in space["small_tiles"] and warps != min(space["warps"]):
+            continue  # 8 warps over a 16-row tile leave each warp a sliver of the tile
         if tma and operands == "round_kernel":
             continue  # x's tile rounded after a TMA load: wrong sums, run to run (see OPERANDS)
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": stages, "warps": warps,
@@ -231,6 +242,7 @@ class TritonVariant(Variant):
         return reason
 
     in_dim: ClassVar[str] = "in_features"  # the shape parameter that is K
+    batch_dim: ClassVar[str] = "batch_size"  # the one that is M: small batches add small tiles
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
@@ -239,7 +251,19 @@ class TritonVariant(Variant):
 
     @classmethod
     def configs(cls, shape, device):
-        return gemm_configs(shape[cls.in_dim], device)
+        return gemm_configs(shape[cls.in_dim], device, shape.get(cls.batch_dim))
+
+    @classmethod
+    def small_batch_seeds(cls, shape, device, precision, like):
+        # One configuration per small tile, in SMALL_TILES' order: one program per tile (more
+        # programs), the deepest k-slice and 4 stages, ``like``'s operand path and TMA where valid.
+        small = INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
+        configs = [c for c in cls.configs_for(shape, device, precision) if (c["block_m"], c["block_n"]) in small]
+        same = [c for c in configs if c["operands"] == like.get("operands") and c["tma"] == like.get("tma")]
+        seeds = {}
+        for config in sorted(same or configs, key=lambda c: (c["persistent"], -c["block_k"], c["stages"] != 4)):
+            seeds.setdefault((config["block_m"], config["block_n"]), config)
+        return [seeds[tile] for tile in small if tile in seeds]
 
     @classmethod
     def configs_for(cls, shape, device, precision):

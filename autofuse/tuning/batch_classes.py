@@ -1,0 +1,283 @@
+"""Batch classes: a tune at batch B also gates and times entries for its shape family's other batches.
+
+A configuration gated at B may be wrong elsewhere (TF32 products on float16 parts failed the tf32
+gate at batch 1 and passed at 37 and up, H100: ``TritonVariant.only_where_gated``), and the
+fastest one at B is not the fastest where the batch is small and the weight's read is the floor.
+So after the search at B, each "rung" of the ladder (the problem's smallest batch, the powers of 8
+below B, and 2B: ``rung_batches``) races a handful of candidates at that batch: the winner's
+configuration first, the study's next fastest, small-tile seeds below ``SMALL_BATCH`` (the
+variant's ``small_batch_seeds``), the simplest variants, and, where the winner's operands pass
+only where gated, its variant at the next stricter precision. Each is gated and timed at the rung's
+shape exactly as a trial is (``evaluate``), the best few re-timed against eager (``choose``), and
+the choice becomes an ordinary table entry at batch b marked ``rung_of`` B. A batch between rungs
+is served by the nearest entries (``autofuse.serve.dispatch``); an entry restricted to where it was
+gated serves only inside the batches its exact configuration passed (``gated_batches``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+
+import torch
+
+from autofuse.core import registry
+from autofuse.core.precision import serving_order
+from autofuse.core.problem import Problem
+from autofuse.core.variant import check_params
+from autofuse.errors import InputError, TableError
+from autofuse.serve.dispatch import bad_entry
+from autofuse.serve.table import fingerprint_key, shape_key
+from autofuse.tuning import study as studies
+from autofuse.tuning.budget import Budget
+from autofuse.tuning.budget import budget as get_budget
+from autofuse.tuning.outcome import Candidate, Job, Outcome
+from autofuse.tuning.progress import TrialProgress
+from autofuse.tuning.selection import Row, candidate_records, choose
+
+# Below this batch a rung also races small-tile configurations: the call is memory-bound (H100,
+# 8192² bf16: 134 MB of weight, 40 µs at 3.35 TB/s, while 128 rows of products take ~2 µs).
+SMALL_BATCH = 128
+# The ladder's step between the smallest batch and B.
+RUNG_RATIO = 8
+
+
+def rung_batches(problem: Problem, shape: dict, mode: str) -> list[int]:
+    """The batches a tune at ``shape`` also covers: the problem's smallest batch (2 for a training
+    BatchNorm), each power of ``RUNG_RATIO`` between it and B, and 2B; never B itself."""
+    if problem.batch_dim is None:
+        return []
+    tuned = shape[problem.batch_dim]
+    smallest = problem.min_train_batch if mode == "train" else 1
+    rungs, power = {smallest, 2 * tuned}, RUNG_RATIO
+    while power < tuned:
+        rungs.add(power)
+        power *= RUNG_RATIO
+    return sorted(b for b in rungs if b != tuned)
+
+
+def rung_shape(problem: Problem, shape: dict, batch: int) -> dict:
+    return {**shape, problem.batch_dim: batch}
+
+
+@dataclasses.dataclass
+class Ladder:
+    """What every rung of one key races, besides its own small-batch seeds."""
+
+    winner: Candidate  # the winner at B: raced first, so it is always gated
+    runners_up: list[Candidate]  # the study's next fastest at B
+    simplest: list[Candidate]  # eager and simplified: a rung always has a gated entry
+    stricter: Candidate | None  # the winner's variant at the next stricter precision, where it is restricted
+    spaces: dict  # the tune's admitted variants and their configurations at B
+
+
+def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spaces: dict, stricter_params: dict | None,
+           precision: str, budget: Budget, autograd: bool) -> Ladder:
+    """The candidates every rung races, from the tune's ``winner`` entry, its ``ranked`` timed
+    configurations (fastest first) and ``stricter_params`` (the stricter precision's recorded
+    configuration of the winner's variant, or None: its first). The autograd entry's rungs race
+    the winner, the stricter one and the simplest only: each of its candidates is a training step."""
+    variants = registry.variants(problem)
+    first = Candidate(winner["variant"], dict(winner["params"]), autograd)
+    runners = [] if autograd else [Candidate(v, dict(p)) for v, p in ranked
+                                   if (v, p) != (first.variant, first.params)][:budget.rung_runners_up]
+    simplest = [Candidate(name, dict(configs[0]), autograd) for name, configs in spaces.items()
+                if variants[name].rank() <= 1 and name != first.variant and (variants[name].supports_autograd or not autograd)]
+    stricter, cls = None, variants[first.variant]
+    next_stricter = serving_order(precision)[1:2]
+    if cls.only_where_gated(first.params) is not None and next_stricter and next_stricter[0] in cls.precisions:
+        stricter = Candidate(first.variant, dict(stricter_params or {}), autograd, next_stricter[0])
+    return Ladder(first, runners, simplest, stricter, spaces)
+
+
+def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,
+                    budget: Budget) -> list[Candidate]:
+    """What the rung at ``shape`` races, each valid there and once: the winner first."""
+    device_type = torch.device(device).type
+    variants = registry.variants(problem.name)
+    seeds = []
+    if not ladder.winner.autograd and shape[problem.batch_dim] < SMALL_BATCH:
+        for name in ladder.spaces:
+            like = ladder.winner.params if name == ladder.winner.variant else {}
+            found = variants[name].small_batch_seeds(shape, device_type, precision, like)
+            seeds += [Candidate(name, config) for config in found[:budget.rung_seeds]]
+    stricter = []
+    if ladder.stricter is not None:
+        cls, at = variants[ladder.stricter.variant], ladder.stricter.precision
+        params = ladder.stricter.params or next(iter(cls.configs_for(shape, device_type, at)), None)
+        if params is not None:
+            stricter = [dataclasses.replace(ladder.stricter, params=dict(params))]
+    chosen, labels = [], set()
+    for candidate in [ladder.winner, *ladder.runners_up, *seeds, *stricter, *ladder.simplest]:
+        if candidate.label() not in labels and _valid(variants[candidate.variant], candidate.params, shape, device_type):
+            chosen.append(candidate)
+            labels.add(candidate.label())
+    return chosen
+
+
+def _valid(cls, params: dict, shape: dict, device_type: str) -> bool:
+    try:
+        check_params(cls, params, shape, device_type)
+    except InputError:
+        return False
+    return True
+
+
+@dataclasses.dataclass
+class RungResult:
+    batch: int
+    entry: dict | None  # the rung's choice (``choose``'s entry), None where nothing passed
+    rows: list[Row]  # every candidate raced, in order
+    passed: set[str]  # labels of the candidates that passed the gate here
+
+
+def run_rung(job: Job, candidates: list[Candidate], worker, trial_timeout: float, budget: Budget,
+             on_candidate=None) -> RungResult:
+    """Gate and time each candidate at ``job``'s shape (the first always gated, the rest only within
+    the budget's reach of the best gated so far), then re-time the best few against eager and choose."""
+    variants = registry.variants(job.problem)
+    rows, passed, best = [], set(), None
+    for candidate in candidates:
+        reach = None if best is None or math.isinf(budget.reach) else budget.reach * best
+        result = worker.call("evaluate", (job, candidate, reach), trial_timeout)
+        if result.outcome is Outcome.OK:
+            passed.add(candidate.label())
+            best = result.timing.median_ms if best is None else min(best, result.timing.median_ms)
+        rows.append(Row(candidate.variant, variants[candidate.variant].rank(), candidate.params, result, 1,
+                        precision=candidate.precision))
+        if on_candidate is not None:
+            on_candidate(candidate, result)
+    autograd = bool(candidates) and candidates[0].autograd
+    entry = choose(job, rows, worker, trial_timeout, autograd=autograd)
+    return RungResult(job.shape[registry.get_problem(job.problem).batch_dim], entry, rows, passed)
+
+
+def gated_batches(label: str, tuned_batch: int | None, results: list[RungResult]) -> list[int]:
+    """The batches where the candidate ``label`` passed the gate: the tuned one (given where it is the
+    winner at B, gated there by the search) and each rung's."""
+    batches = {r.batch for r in results if label in r.passed}
+    return sorted(batches | ({tuned_batch} if tuned_batch is not None else set()))
+
+
+def best_per_variant(rows: list[Row]) -> list[Row]:
+    """Each variant's gated row with the lowest time (else its first row): an entry's ``candidates``
+    record one configuration per variant."""
+    best: dict[str, Row] = {}
+    for row in rows:
+        held = best.get(row.variant)
+        if held is None or (row.ok and (not held.ok or row.timing.median_ms < held.timing.median_ms)):
+            best[row.variant] = row
+    return list(best.values())
+
+
+@dataclasses.dataclass
+class Searched:
+    """What the search at B left for the batch classes: its results, the spaces, the study's name and
+    whether the table's entries were kept (nothing new measured)."""
+
+    results: dict
+    spaces: dict
+    study: str
+    kept: bool
+
+    def ranked(self) -> list[tuple[str, dict]]:
+        """Every timed (variant, configuration), fastest first."""
+        labels = {(name, studies.config_label(c)): c for name, configs in self.spaces.items() for c in configs}
+        timed = sorted((r.timing.median_ms, key) for key, r in self.results.items()
+                       if r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and key in labels)
+        return [(key[0], labels[key]) for _, key in timed]
+
+
+def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, searched: Searched,
+          label: str) -> list[tuple]:
+    """Race each batch class's candidates for the forward and the autograd entry (``entries``, the
+    tune's at B); return the table items to record: the rungs' choices, and the entries at B with the
+    batches where their configuration passed the gate (``gated_batches``)."""
+    work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched)
+    total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
+    if total == 0:
+        return []
+    items = []
+    with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress) as bar:
+        for entry, dkey, ladder, rungs in work:
+            done = []
+            for at, candidates in rungs:
+                def said(candidate, result, batch=at[prob.batch_dim]):
+                    bar.advance(f"batch {batch}: {candidate.label()} {result.outcome.value}")
+
+                done.append(run_rung(dataclasses.replace(job, shape=at), candidates, worker, plan.trial_timeout,
+                                     get_budget(plan.budget), said))
+            items += _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
+            passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
+            if searched.kept:  # the rungs left as they were keep what they found
+                passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
+            entry["gated_batches"] = passed
+            items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
+    return items
+
+
+def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, searched: Searched) -> list[tuple]:
+    """(entry at B, its dispatch key, its ladder, [(rung shape, candidates)]) for each entry of the tune."""
+    work = []
+    for entry, autograd in zip(entries, (False, True)):
+        if entry is None:
+            continue
+        dkey = dataclasses.replace(key, autograd=autograd)
+        ladder = build_ladder(prob.name, entry, [] if autograd else searched.ranked(), searched.spaces,
+                              _stricter_params(table, fingerprint, prob, shape, dkey, entry), job.precision,
+                              budget, autograd)
+        rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode)]
+        rungs = [at for at in rungs if not _rung_done(table, fingerprint, prob, at, dkey, shape, searched)]
+        work.append((entry, dkey, ladder,
+                     [(at, rung_candidates(ladder, prob, at, job.device, job.precision, budget)) for at in rungs]))
+    return work
+
+
+def _rung_items(prob, shape, dkey, fingerprint, ladder, done, study_name, seed) -> list[tuple]:
+    """The table items of the rungs' choices: ordinary entries at their batch, marked ``rung_of``."""
+    variants, items = registry.variants(prob.name), []
+    stamp = {"rung_of": shape_key(shape), "study": study_name, "seed": seed,
+             "step": "forward+backward" if dkey.autograd else "forward",
+             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    for rung in done:
+        if rung.entry is None:
+            continue
+        entry = rung.entry
+        mine = Candidate(entry["variant"], entry["params"], dkey.autograd, entry.get("runs_at")).label()
+        tuned = shape[prob.batch_dim] if mine == ladder.winner.label() else None
+        entry.update(stamp, trials=len(rung.rows), source_hash=variants[entry["variant"]].source_hash(),
+                     gated_batches=gated_batches(mine, tuned, done),
+                     candidates=candidate_records(best_per_variant(rung.rows)))
+        items.append((fingerprint, prob.name, shape_key(rung_shape(prob, shape, rung.batch)), dkey.to_str(), entry))
+    return items
+
+
+def _stricter_params(table, fingerprint, prob, shape, dkey, entry) -> dict | None:
+    """The configuration of ``entry``'s variant that the table holds at the next stricter precision
+    for this shape (the batch classes' fallback for a restricted winner), or None."""
+    stricter = serving_order(dkey.precision)[1:2]
+    if not stricter:
+        return None
+    try:
+        held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape),
+                            dataclasses.replace(dkey, precision=stricter[0]))
+    except TableError:
+        return None
+    if held is None or bad_entry(held) or held["variant"] != entry["variant"]:
+        return None
+    return dict(held.get("params") or {})
+
+
+def _rung_done(table, fingerprint, prob, at: dict, dkey, shape, searched: Searched) -> bool:
+    """Whether the rung need not run: its batch holds an entry tuned there directly (a search
+    beats a rung's race), or, where nothing new was measured, this study's rung entry."""
+    try:
+        held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(at), dkey)
+    except TableError:
+        return False
+    if held is None or bad_entry(held) or held.get("provisional"):
+        return False
+    if "rung_of" not in held:
+        return True
+    return searched.kept and held.get("rung_of") == shape_key(shape) and held.get("study") == searched.study

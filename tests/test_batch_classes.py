@@ -1,0 +1,252 @@
+"""Batch classes: a tune at batch B writes gated entries for its family's other batches, and the
+runtime serves every batch from the nearest entry that passed the gate around it."""
+
+import json
+import logging
+
+import pytest
+import torch
+from helpers import assert_close, module_for, record, use_test_plugins
+
+import autofuse
+from autofuse.core import plugins, registry
+from autofuse.kernels.triton import variant as triton_variant
+from autofuse.serve.table import DispatchTable
+from autofuse.tuning import batch_classes
+from autofuse.tuning.budget import BUDGETS
+
+needs_triton = pytest.mark.skipif(triton_variant.triton_missing() is not None, reason="needs triton")
+TUNED = {"batch_size": 16, "in_features": 48, "out_features": 40}
+IN, OUT = 12, 10  # the hand-written tables' family
+
+
+def entries_by_batch(path, problem="matmul_gelu_softmax", key="dtype=float32,precision=fp32,mode=any,autograd=false"):
+    doc = json.loads(path.read_text())
+    [device] = doc["devices"].values()
+    return {int(skey.split(",")[0].split("=")[1]): by_key[key]
+            for skey, by_key in device["problems"][problem].items() if key in by_key}
+
+
+@pytest.mark.parametrize("problem, shape, mode, want", [
+    ("matmul_gelu_softmax", 1024, "any", [1, 8, 64, 512, 2048]),
+    ("gemm_bn", 1024, "train", [2, 8, 64, 512, 2048]),  # training BatchNorm needs two rows
+    ("gemm_bn", 16384, "eval", [1, 8, 64, 512, 4096, 32768]),
+    ("matmul_gelu_softmax", 16, "any", [1, 8, 32]),
+    ("matmul_gelu_softmax", 1, "any", [2]),
+])
+def test_the_rungs_are_the_smallest_batch_powers_of_8_below_and_twice_the_tuned_one(problem, shape, mode, want):
+    prob = registry.get_problem(problem)
+    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": shape}, mode) == want
+
+
+def test_a_small_rung_races_small_tiles_and_a_restricted_winner_its_stricter_precision():
+    """A tf32 winner on 11-bit products (restricted to where it was gated) brings its variant at fp32
+    along; below SMALL_BATCH the small-tile seeds come too; quick races fewer than full."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    tf32 = next(c for c in triton_variant.gemm_configs(48, "cpu") if c["operands"] == "round_host")
+    spaces = {"triton": triton_variant.gemm_configs(48, "cpu"), "eager": [{}]}
+    ranked = [("triton", c) for c in spaces["triton"][:5]]
+    counts = {}
+    for name, budget in BUDGETS.items():
+        ladder = batch_classes.build_ladder(prob.name, {"variant": "triton", "params": tf32}, ranked, spaces, None,
+                                            "tf32", budget, autograd=False)
+        small = batch_classes.rung_candidates(ladder, prob, {**TUNED, "batch_size": 1}, "cpu", "tf32", budget)
+        large = batch_classes.rung_candidates(ladder, prob, {**TUNED, "batch_size": 512}, "cpu", "tf32", budget)
+        assert small[0].params == tf32 and small[0].precision is None  # the winner first: always gated
+        stricter = [c for c in small if c.precision is not None]
+        assert [(c.variant, c.precision) for c in stricter] == [("triton", "fp32")]
+        assert triton_variant.OPERANDS[stricter[0].params["operands"]][0] == "fp32"
+        assert any(c.params.get("block_n") == 32 for c in small)  # the interpreter's small tile
+        assert not any(c.params.get("block_n") == 32 for c in large)
+        assert any(c.variant == "eager" for c in small)
+        counts[name] = len(small)
+    assert counts["quick"] < counts["full"], counts
+
+
+# -- dispatch over a family tuned with batch classes ---------------------------------
+
+def write_family(monkeypatch):
+    """A tf32 family tuned at 64: round_host (11-bit products, served only where gated) at 8, 64 and
+    128, gated at those; at batch 1 it failed, and the rung serves the 3xTF32 split at fp32."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
+    configs = triton_variant.gemm_configs(IN, "cpu")
+    tf32 = next(c for c in configs if c["operands"] == "round_host")
+    fp32 = next(c for c in configs if c["operands"] == "split_host")
+    rung = {"rung_of": f"batch_size=64,in_features={IN},out_features={OUT}"}
+    for batch in (8, 64, 128):
+        fields = {} if batch == 64 else rung
+        record("matmul_gelu_softmax", batch, IN, OUT, variant="triton", precision="tf32", params=tf32,
+               gated_batches=[8, 64, 128], **fields)
+    record("matmul_gelu_softmax", 1, IN, OUT, variant="triton", precision="tf32", params=fp32, runs_at="fp32",
+           gated_batches=[1], **rung)
+    return tf32, fp32
+
+
+@needs_triton
+def test_each_batch_is_served_by_the_nearest_entry_gated_around_it(monkeypatch):
+    tf32, fp32 = write_family(monkeypatch)
+    module = module_for("matmul_gelu_softmax", precision="tf32")
+    served = {}
+    with torch.no_grad():
+        for batch in (1, 3, 37, 63, 65, 128, 200):
+            served[batch] = module.dispatch_info(torch.randn(batch, IN))
+    assert (served[1]["source"], served[1]["precision"], served[1]["params"]) == ("tuned", "fp32", fp32)
+    # 8 is nearer to 3 than 1 is, but its 11-bit products were gated at 8 and up: the rung at 1 serves.
+    assert (served[3]["params"], served[3]["precision"]) == (fp32, "fp32"), served[3]
+    assert "batch class of batch_size=64" in served[3]["source"] and "round_host" in served[3]["passed_over"][0]
+    for batch in (37, 63, 65):
+        assert (served[batch]["params"], served[batch]["precision"], served[batch]["served_from"]) == \
+            (tf32, "tf32", f"batch_size=64,in_features={IN},out_features={OUT}"), served[batch]
+    assert (served[128]["source"], served[128]["rung_of"]) == ("tuned", f"batch_size=64,in_features={IN},out_features={OUT}")
+    assert served[200]["params"] == fp32, served[200]  # past every gated batch of round_host
+
+
+@needs_triton
+def test_a_rung_that_runs_at_a_stricter_precision_is_built_at_it(monkeypatch):
+    _, fp32 = write_family(monkeypatch)
+    module = module_for("matmul_gelu_softmax", precision="tf32")
+    with torch.no_grad():
+        module.dispatch_info(torch.randn(1, IN))
+    [variant] = [call for call in module._autofuse.ready.values() if getattr(call, "name", None) == "triton"]
+    assert variant.precision == "fp32" and variant.params == fp32 and variant.mode() == "3xtf32"
+
+
+@pytest.mark.parametrize("runs_at", ["bf16", "fast"])
+def test_a_rung_that_would_run_looser_than_its_key_is_passed_over(runs_at, caplog):
+    record("matmul_gelu_softmax", 8, IN, OUT, precision="tf32", runs_at=runs_at)
+    module = module_for("matmul_gelu_softmax", precision="tf32")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="autofuse"):
+        info = module.dispatch_info(torch.randn(8, IN))
+    assert info["variant"] == "eager" and info["source"].endswith("reference"), info
+    assert "passing over the entry tuned (simplified)" in caplog.text and repr(runs_at) in caplog.text.replace(
+        f"runs at {runs_at}", repr(runs_at)), caplog.text
+
+
+def test_a_table_without_batch_classes_is_served_as_before():
+    """Only the nearest batch's entry is tried: an old table whose nearest entry cannot serve
+    falls back to the reference, as it did, not to a farther entry."""
+    record("matmul_gelu_softmax", 8, IN, OUT, params={"no_such_param": 1})
+    record("matmul_gelu_softmax", 64, IN, OUT)
+    record("matmul_gelu_softmax", 32, IN, OUT + 1)  # another family
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad():
+        near_8, near_64 = module.dispatch_info(torch.randn(20, IN)), module.dispatch_info(torch.randn(40, IN))
+    assert near_8["source"] == "unusable entry: reference", near_8
+    family = f"batch_size=64,in_features={IN},out_features={OUT}"
+    assert (near_64["variant"], near_64["source"]) == ("simplified", f"nearest batch ({family})")
+
+
+# -- a tune writes them ------------------------------------------------------------------
+
+@pytest.fixture
+def batch_decoys(monkeypatch):
+    use_test_plugins(monkeypatch, "batch_decoys")
+    yield
+    monkeypatch.delenv("AUTOFUSE_PLUGINS")
+    plugins.reset_plugin_manager()
+
+
+def test_a_variant_wrong_only_at_batch_one_never_serves_batch_one(batch_decoys, tmp_path):
+    """It wins at 16 and at the rungs 8 and 32; at 1 the gate runs and fails it, and eager's rung
+    entry serves. Without batch classes the entry at 16 would have served batch 1 (checked too)."""
+    kwargs = dict(device="cpu", seed=3, variants=["wrong_at_batch_one", "eager"], autograd_entry=False, progress=False)
+    [result] = autofuse.tune("matmul_gelu_softmax", TUNED, table=tmp_path / "t.json", **kwargs)
+    assert result.winner["variant"] == "wrong_at_batch_one" and result.winner["gated_batches"] == [8, 16, 32]
+    entries = entries_by_batch(tmp_path / "t.json")
+    assert sorted(entries) == [1, 8, 16, 32]
+    assert {b: entries[b]["variant"] for b in (1, 8, 32)} == {1: "eager", 8: "wrong_at_batch_one", 32: "wrong_at_batch_one"}
+    for batch in (1, 8, 32):
+        rung = entries[batch]
+        assert rung["rung_of"] == "batch_size=16,in_features=48,out_features=40" and rung["eager_ms"] > 0
+        assert rung["candidates"]["wrong_at_batch_one"]["outcome"] == ("incorrect" if batch == 1 else "ok")
+    module = autofuse.get_module("matmul_gelu_softmax", 48, 40, table=tmp_path / "t.json")
+    x = torch.rand(1, 48)
+    reference = registry.get_problem("matmul_gelu_softmax").model(48, 40).double()
+    reference.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        assert module.dispatch_info(x)["variant"] == "eager"
+        assert_close(module(x), reference(x.double()), registry.get_problem("matmul_gelu_softmax").tolerance("fp32"))
+        served = {b: module.dispatch_info(torch.rand(b, 48))["variant"] for b in (3, 15, 17, 32, 37)}
+    assert served == {3: "wrong_at_batch_one", 15: "wrong_at_batch_one", 17: "wrong_at_batch_one",
+                      32: "wrong_at_batch_one", 37: "wrong_at_batch_one"}, served
+
+    autofuse.tune("matmul_gelu_softmax", TUNED, table=tmp_path / "old.json", batch_classes=False, **kwargs)
+    assert sorted(entries_by_batch(tmp_path / "old.json")) == [16]
+    old = autofuse.get_module("matmul_gelu_softmax", 48, 40, table=tmp_path / "old.json")
+    with torch.no_grad():
+        assert old.dispatch_info(x)["variant"] == "wrong_at_batch_one"  # what the rungs prevent
+
+
+def test_a_rerun_with_nothing_new_measures_no_rung_again(tmp_path, monkeypatch):
+    from autofuse.tuning import worker as worker_module
+
+    calls = []
+    real_call = worker_module.Worker.call
+    monkeypatch.setattr(worker_module.Worker, "call",
+                        lambda self, op, payload, timeout: calls.append(op) or real_call(self, op, payload, timeout))
+    kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], autograd_entry=False, progress=False,
+                  table=tmp_path / "t.json")
+    autofuse.tune("matmul_gelu_softmax", TUNED, **kwargs)
+    assert sorted(entries_by_batch(tmp_path / "t.json")) == [1, 8, 16, 32]
+    calls.clear()
+    autofuse.tune("matmul_gelu_softmax", TUNED, **kwargs)
+    assert calls == [], calls
+    assert DispatchTable(tmp_path / "t.json").load()["devices"]
+
+
+# -- on the GPU ---------------------------------------------------------------------------
+
+GPU_CASES = [("matmul_gelu_softmax", "any"), ("matmul_clamp_lse_mish", "any"), ("gemm_bn", "train"), ("gemm_bn", "eval")]
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("problem, mode", GPU_CASES)
+def test_the_small_batch_tiles_pass_the_gate_on_the_gpu(problem, mode, precision):
+    """The small-tile seeds at odd small batches, K = 1000 (the masked K tail), against float64. The
+    tf32 products are left out at the smallest batch, where they failed the gate before (H100)."""
+    from autofuse.tuning.gate import check_cases, check_variant
+
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
+    smallest = prob.min_train_batch if mode == "train" else 1
+    for batch in (smallest, 7, 37, 100):
+        shape = dict(zip(prob.dims, (batch, 1000, 777)))
+        for params in cls.small_batch_seeds(shape, "cuda", precision, triton_variant.DEFAULTS[precision])[:3]:
+            check = check_variant(cls(precision, **params), prob, check_cases(prob, shape, 1), "cuda",
+                                  dtype=torch.float32, mode=mode)
+            if precision == "tf32" and batch == smallest and not check.ok:
+                continue
+            assert check.ok, f"{problem} {mode} {precision} batch {batch} {params}: {check.reason}"
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("precision", ["tf32", "fp32", "bf16"])
+def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path, precision):
+    """A tune at 256 writes rungs at 1, 8, 64 and 512; every batch from 1 to 512 is then served by
+    a table entry (never "no entry" or "unusable entry": the reference untuned), within the
+    precision's tolerance of float64."""
+    shape = {"batch_size": 256, "in_features": 1024, "out_features": 1024}
+    table = tmp_path / "t.json"
+    [result] = autofuse.tune("matmul_gelu_softmax", shape, device="cuda", precision=precision, table=table, seed=1,
+                             variants=["triton", "cublas_epilogue", "eager"], autograd_entry=False, progress=False,
+                             n_trials=6)
+    key = f"dtype=float32,precision={precision},mode=any,autograd=false"
+    entries = entries_by_batch(table, key=key)
+    assert sorted(entries) == [1, 8, 64, 256, 512], sorted(entries)
+    print(f"\n{precision}: tuned in {result.seconds:.0f} s; " + "; ".join(
+        f"{b}: {e['variant']} {e.get('runs_at', '')} {e['median_ms']:.4g} ms (eager {e['eager_ms']:.4g})"
+        for b, e in sorted(entries.items())))
+    prob = registry.get_problem("matmul_gelu_softmax")
+    module = autofuse.get_module("matmul_gelu_softmax", 1024, 1024, table=table, precision=precision).cuda()
+    for batch in (1, 2, 3, 8, 37, 100, 255, 257, 512):
+        x = torch.rand(batch, 1024, device="cuda")
+        with torch.no_grad():
+            info, out = module.dispatch_info(x), module(x)
+        assert "reference" not in info["source"], (batch, info)
+        reference = prob.model(1024, 1024).double().cuda()
+        reference.load_state_dict(module.state_dict())
+        with torch.no_grad():
+            want = reference(x.double())
+        assert_close(out, want, prob.tolerance(precision), what=f"batch {batch} ({info['source']}, {info['variant']})")

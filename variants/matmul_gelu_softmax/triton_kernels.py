@@ -60,8 +60,8 @@ def softmax_normalize(logits_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         v = tl.load(logits_ptr + base + cols, mask=cols < N, other=0.0)
-        p = exp_nonpositive(v - row_max) * inv_total
-        tl.store(out_ptr + base + cols, p.to(out_ptr.dtype.element_ty), mask=cols < N)
+        prob = exp_nonpositive(v - row_max) * inv_total
+        tl.store(out_ptr + base + cols, prob.to(out_ptr.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit

@@ -112,3 +112,11 @@ def test_wide_rows_keep_the_precisions_accuracy_interpreted(problem, config):
 
 def test_the_range_check_flags_wide_rows_by_effect_not_ordinary_ones_interpreted():
     _run("wide_rows_flags")
+
+
+def test_wide_rows_keep_the_fp32_backwards_accuracy_interpreted():
+    _run("wide_gradients")
+
+
+def test_the_backwards_range_check_flags_by_effect_not_ordinary_inputs_interpreted():
+    _run("wide_gradients_flags")

@@ -735,6 +735,25 @@ def wide_gradients() -> list[str]:
     return failures
 
 
+def wide_gate(problem: str, config: str) -> list[str]:
+    """The tuner's gate on its "wide" case with gradients, fp32 (split_fp16), every mode, batch 2 and
+    an odd batch: x's and W's outliers in every other row, so the backward's columns are wide and
+    the cotangent quiet where they would carry the gradient (``Problem.quiet_wide_cotangent``)."""
+    prob = registry.get_problem(problem)
+    failures = []
+    variant = registry.get_variant(problem, "triton")("fp32", **CONFIGS[config], operands="split_fp16")
+    for batch, mode in itertools.product((2, 37), ("train", "eval") if prob.mode_sensitive else ("train",)):
+        shape = dict(zip(prob.dims, (batch, 80, 66)))
+        # the gate's order: the after-an-update check runs on the first case (a wide W updated by
+        # noise of its own spread overflows BatchNorm's float32 variance, for eager too)
+        cases = [CheckCase(shape, "rand", 13, False), CheckCase(shape, "wide", 13, True)]
+        result = check_variant(variant, prob, cases, "cpu", autograd=True, mode=mode)
+        print(problem, config, shape, mode, result.ok, f"{result.error:.3g}", flush=True)
+        if not result.ok:
+            failures.append(f"{problem} {config} {shape} {mode}: {result.reason}")
+    return failures
+
+
 def _gradient_flag_cases() -> dict:
     """name: (dy, x, W, flagged rows of dy, columns of W, of dy, of x); 256 rows, 1024 columns.
     Ordinary inputs first (nothing flagged), then one wide row of x, of W or of dy (1e8, 16 entries)
@@ -808,6 +827,7 @@ if __name__ == "__main__":
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
                 "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
                 "wide_gradients": wide_gradients, "wide_gradients_flags": wide_gradients_flags,
+                "wide_gate": wide_gate,
                 "bn_without_running_stats": bn_without_running_stats}
     found = problems[check](*args)
     for line in found:

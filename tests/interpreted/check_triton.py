@@ -682,37 +682,15 @@ def wide_rows_flags() -> list[str]:
     return failures
 
 
-def _wide_gradient_case(m: int, n: int, k: int, side: str, span: str, ratio: float, zeroed: bool, generator):
-    """(dy, x, W) of the backward (dy: m × n, x: m × k, W: n × k) with ``side``'s ("x", "W" or "dy")
-    rows wide: WIDE_COUNT of their columns ``ratio`` times the rest, in two rows or (``span`` "all")
-    every row. With ``zeroed`` the entries each wide one multiplies are zero, so dx = dy·W or
-    dW = dyᵀ·x rests on the ordinary entries alone: x's wide rows meet zero rows of dy in dW, W's
-    wide rows zero columns of dy in dx, dy's wide rows zero rows of W in dx and zero rows of x in dW.
-    A column of x or dy (dW's K-major operands, K = the batch) is wide where only some rows are."""
-    dy, x = torch.randn(m, n, generator=generator), torch.randn(m, k, generator=generator)
-    w = torch.randn(n, k, generator=generator) / k ** 0.5
-    big = {"x": x, "W": w, "dy": dy}[side]
-    rows = torch.arange(big.shape[0]) if span == "all" else torch.randperm(big.shape[0], generator=generator)[:2]
-    cols = torch.randperm(big.shape[1], generator=generator)[:WIDE_COUNT]
-    big[rows[:, None], cols[None, :]] *= ratio
-    if zeroed and side == "x":
-        dy[rows] = 0.0
-    elif zeroed and side == "W":
-        dy[:, rows] = 0.0
-    elif zeroed:
-        w[cols] = 0.0
-        x[rows] = 0.0
-    return dy, x, w
-
-
 def wide_gradients() -> list[str]:
     """The fp32 backward's GEMMs (``triton_backward.Fp16Gemms``) on wide rows of x, of W and of dy
     (their columns too: dW contracts over the batch), M = 1e4 ... 1e30, with and without the
-    entries they multiply zeroed (``_wide_gradient_case``), batch 1 and odd sizes, both schedules:
+    entries they multiply zeroed (``autofuse.testing.wide_gradient_inputs``), batch 1 and odd sizes, both schedules:
     dx and dW within 2x a float32 matmul's relative error against float64 (or 2⁻²², the split's own
     accuracy per element, where float32 is exact to less). Without the range check the zeroed
     cases lose up to all of the result (M = 1e12: errors of order 1)."""
     from autofuse.kernels.triton import backward as triton_backward
+    from autofuse.testing import wide_gradient_inputs
 
     failures = []
     for config, params in CONFIGS.items():
@@ -721,7 +699,7 @@ def wide_gradients() -> list[str]:
                                                                       ("two", "all"), WIDE_RATIOS, (True, False)):
             if m == 1 and span == "two":
                 continue  # one row: "two" would be "all"
-            dy, x, w = _wide_gradient_case(m, n, k, side, span, ratio, zeroed, torch.Generator().manual_seed(m + n))
+            dy, x, w = wide_gradient_inputs(m, n, k, side, span, ratio, zeroed, torch.Generator().manual_seed(m + n))
             dx, dw = gemms(autograd.GemmGrad(dy, None, None), x, w, "fp32", True, True)
             for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
                 exact = a.double() @ b.double()
@@ -757,7 +735,7 @@ def wide_gate(problem: str, config: str) -> list[str]:
 def _gradient_flag_cases() -> dict:
     """name: (dy, x, W, flagged rows of dy, columns of W, of dy, of x); 256 rows, 1024 columns.
     Ordinary inputs first (nothing flagged), then one wide row of x, of W or of dy (1e8, 16 entries)
-    whose partners are zero (``_wide_gradient_case``'s zeroing), which flags its row or columns."""
+    whose partners are zero (as ``wide_gradient_inputs`` zeroes them), which flags its row or columns."""
     generator = torch.Generator().manual_seed(3)
     m, n, k = 256, 1024, 1024
 

@@ -12,7 +12,16 @@ exactly:
   written transposed (``column_parts``), kept while the weight is unchanged (the forward's own
   parts of W are kept likewise);
 - dW = dyᵀ·x: the columns of dy and of x (K = the batch), scaled per column, written transposed.
-The accuracy bounds of the forward's operands hold per row of dy and per column of W, dy and x.
+The accuracy bounds of the forward's operands hold per row of dy and per column of W, dy and x,
+and the forward's range check (docs/precision.md) guards them: a row of dy or a column of W, dy
+or x whose parts lose what its partners would carry is flagged (a negated inverse scale), and a
+tile holding one is multiplied in float32 from dy, Wᵀ or xᵀ, read in place through their strides
+(``triton_gemm.exact_tile``), with no host sync. dy's rows are judged as the forward's x (losses
+weighted by W's row maxima, kept with W's column parts); W's columns as the forward's W (the count
+rule, made once per W); the columns of dy and x by their losses weighted by the other's row maxima
+(``dw_operands``). On ordinary inputs the check costs the column passes a load of the row weights,
+(2 ×) chunks × columns floats written and read back by ``column_flags`` (one launch per operand),
+a zeroed buffer of 2·(batch + 1) floats and atomics only where a row's running max grows.
 The tile configuration is the variant's own (its forward's tuned one); TMA where the
 contraction's float16 rows are 16-byte aligned, pointer loads otherwise.
 

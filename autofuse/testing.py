@@ -11,6 +11,7 @@ In a plugin's test suite::
 Each check is the same gate the tuner applies (float64 reference, several distributions,
 randomized parameters, side effects, aliasing, staleness), at odd shapes including batch 1
 and sizes of 1, in every mode the problem has, plus gradients where autograd is claimed.
+``wide_gradient_inputs`` draws the wide-row families a GEMM backward on split parts must carry.
 """
 
 from __future__ import annotations
@@ -80,3 +81,30 @@ def assert_variant_conforms(problem: str, variant: str, *, device: str = "cpu", 
             for autograd in (False, True) if variant_cls.supports_autograd else (False,):
                 result = check_variant(instance, prob, cases, device, dtype=dtype, mode=mode, autograd=autograd)
                 assert result.ok, f"{problem}/{variant} ({mode}, {precision}, autograd={autograd}): {result.reason}"
+
+
+def wide_gradient_inputs(m: int, n: int, k: int, side: str, span: str, ratio: float, zeroed: bool,
+                         generator: torch.Generator, count: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dy, x, W) of a GEMM's backward (dy: m × n, x: m × k, W: n × k; randn) with ``side``'s ("x",
+    "W" or "dy") rows wide: ``count`` of their columns ``ratio`` times the rest, in two rows or
+    (``span`` "all") every row. With ``zeroed`` the entries each wide one multiplies are zero, so
+    dx = dy·W or dW = dyᵀ·x rests on the ordinary entries alone: x's wide rows meet zero rows of dy
+    in dW, W's wide rows zero columns of dy in dx, dy's wide rows zero rows of W in dx and zero rows
+    of x in dW. A column of x or dy (dW contracts over the batch) is wide where only some rows are.
+    The float16 splits' worst case (docs/precision.md, the range check)."""
+    if side not in ("x", "W", "dy") or span not in ("two", "all"):
+        raise ValueError(f"side must be 'x', 'W' or 'dy' and span 'two' or 'all', got {side=}, {span=}")
+    dy, x = torch.randn(m, n, generator=generator), torch.randn(m, k, generator=generator)
+    w = torch.randn(n, k, generator=generator) / k ** 0.5
+    big = {"x": x, "W": w, "dy": dy}[side]
+    rows = torch.arange(big.shape[0]) if span == "all" else torch.randperm(big.shape[0], generator=generator)[:2]
+    cols = torch.randperm(big.shape[1], generator=generator)[:count]
+    big[rows[:, None], cols[None, :]] *= ratio
+    if zeroed and side == "x":
+        dy[rows] = 0.0
+    elif zeroed and side == "W":
+        dy[:, rows] = 0.0
+    elif zeroed:
+        w[cols] = 0.0
+        x[rows] = 0.0
+    return dy, x, w

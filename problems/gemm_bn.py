@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from autofuse.core.problem import Problem, Tolerance
+from autofuse.core.problem import Problem, Tolerance, wide_rows
 from autofuse.hookspecs import hookimpl
 
 
@@ -48,6 +48,12 @@ class GemmBatchNorm(Problem):
         # With two samples, training-mode BN outputs ±γ whatever the input: the gradient
         # is ~eps/var, i.e. rounding noise.
         return mode != "train" or shape["batch_size"] > 2
+
+    def quiet_wide_cotangent(self, cotangent):
+        # BatchNorm keeps features apart: a zero cotangent column is a zero column of ∂L/∂y.
+        super().quiet_wide_cotangent(cotangent)
+        if cotangent.shape[1] > 1:
+            cotangent[:, wide_rows(cotangent.shape[1])] = 0.0
 
     def invariant_parameters(self, mode):
         # Training-mode BN removes the batch mean (the GEMM bias cancels) and divides by

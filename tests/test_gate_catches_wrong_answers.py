@@ -119,6 +119,36 @@ class SplitFp16WithoutRangeCheck(Wrong):  # 99 on split float16 parts: float32-a
         return F.softmax(F.gelu(y.float()), dim=1)
 
 
+def _split_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a·bᵀ for K-major a and b on their rows' float16 splits (``_fp16_split``), no range check."""
+    (ah, al, a_scale), (bh, bl, b_scale) = _fp16_split(a.contiguous()), _fp16_split(b.contiguous())
+    return ((ah @ bh.T + ah @ bl.T + al @ bh.T) / (a_scale * b_scale.T)).float()
+
+
+class _LinearSplitBackward(torch.autograd.Function):
+    """F.linear, whose backward multiplies as triton's fp32 backward does (``Fp16Gemms``: dy's rows
+    and the columns of W, dy and x split into float16 parts) but with no range check."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        return _split_matmul(dy, weight.t()), _split_matmul(dy.t(), x.t()), dy.sum(0)
+
+
+class SplitBackwardWithoutRangeCheck(Wrong):  # 99 and 39 with an exact forward: float32-accurate but for wide columns
+    supports_autograd = True
+
+    def forward(self, model, x):
+        if self.problem == "gemm_bn":
+            return model.bn(_LinearSplitBackward.apply(x, model.gemm.weight, model.gemm.bias) * model.scale)
+        return F.softmax(F.gelu(_LinearSplitBackward.apply(x, model.linear.weight, model.linear.bias)), dim=1)
+
+
 WRONG = [
     ("gemm_bn", Zeros, "train"),
     ("gemm_avgpool_gelu_residual", Zeros, "train"),
@@ -156,6 +186,24 @@ def test_only_the_wide_rows_catch_a_split_without_a_range_check():
     assert result.ok, result.reason
     result = check_variant(SplitFp16WithoutRangeCheck("fp32"), problem, cases, "cpu")
     assert not result.ok and " wide " in result.reason, result.reason
+
+
+@pytest.mark.parametrize("problem,mode", [("matmul_gelu_softmax", "train"), ("gemm_bn", "eval"), ("gemm_bn", "train")])
+def test_the_wide_rows_catch_a_backward_split_without_a_range_check(problem, mode):
+    """The same for the gradients: a forward that is exact and a backward on float16 splits of dy's
+    rows and of the columns of W, dy and x passes every case but the wide one, whose outliers sit
+    in every other row of x and of W and whose cotangent is zero where they would carry the
+    gradient (``Problem.quiet_wide_cotangent``)."""
+    prob = registry.get_problem(problem)
+    shape = prob.normalize_shape({prob.dims[i]: v for i, v in enumerate(SHAPE.values())})
+    SplitBackwardWithoutRangeCheck.problem = prob.name
+    cases = check_cases(prob, shape, seed=321)
+    others = [c for c in cases if c.distribution != "wide"]
+    result = check_variant(SplitBackwardWithoutRangeCheck("fp32"), prob, others, "cpu", mode=mode, autograd=True)
+    assert result.ok, result.reason
+    result = check_variant(SplitBackwardWithoutRangeCheck("fp32"), prob, cases, "cpu", mode=mode, autograd=True)
+    assert not result.ok and " wide " in result.reason and "gradient of" in result.reason, result.reason
+    print(result.reason)
 
 
 @pytest.mark.parametrize("problem", ["gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])

@@ -188,3 +188,28 @@ def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, pr
         for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision, params, False):
             kernel = compile_for_hopper(fn, args, dict(kwargs))
             assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__} at {params}: {kernel.metadata.shared} bytes"
+
+
+def test_the_fp32_backwards_range_checked_gemms_compile_for_hopper(monkeypatch):
+    """dx and dW with their range check (``triton_backward.Fp16Gemms``): dy's checked rows, W's
+    columns by the count rule, the columns of dy and x by weights, their flags merged, and both GEMMs
+    with the exact path reading dy, Wᵀ and xᵀ through strides, at the tuner's first fp32
+    configuration, with TMA and without (K = 1000 and 37: no TMA for dW)."""
+    from autofuse.kernels.autograd import GemmGrad
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "autofuse.kernels.triton.gemm", None)
+    monkeypatch.delitem(sys.modules, "autofuse.kernels.triton.gemm")
+    record = []
+    monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
+    monkeypatch.setattr(triton_backward, "fused_kernels_apply", _on_any_device)
+    params = configurations("gemm_bn", "fp32")[0]
+    for batch in (64, 37):
+        dy, x, w = torch.randn(batch, 1000), torch.randn(batch, 768), torch.randn(1000, 768)
+        triton_backward.Fp16Gemms(params)(GemmGrad(dy, None, None), x, w, "fp32", True, True)
+    names = set()
+    for fn, args, kwargs in record:
+        kernel = compile_for_hopper(fn, args, dict(kwargs))
+        assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
+        names.add(fn.__name__)
+    assert names == {"fp16_row_parts", "column_max", "fp16_col_parts", "column_flags", "persistent_gemm"}, names

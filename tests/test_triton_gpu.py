@@ -63,3 +63,79 @@ def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, preci
     # Every operand path of this precision was exercised (a path the space lost would go unchecked).
     assert paths == {name for name, (served, *_) in OPERANDS.items() if served == precision}
     assert not failures, "\n".join(failures)
+
+
+# The fp32 backward's range check (docs/precision.md) at moderate sizes: batch 1, odd sizes (no TMA
+# where K = 777 or 37), and a tile-aligned one.
+WIDE_SIZES = ((1, 1024, 768), (37, 1000, 777), (512, 1024, 768))
+
+
+def _relative(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((got.double() - exact).norm() / exact.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["persistent-tma", "grid-pointers"])
+def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
+    """dx and dW of ``Fp16Gemms`` on wide rows of x, W and dy (``wide_gradient_inputs``), M = 1e4 ...
+    1e30, their partners zeroed or not: within 2x cuBLAS fp32's relative error against float64."""
+    import itertools
+
+    from autofuse.core.precision import math_mode
+    from autofuse.kernels.autograd import GemmGrad
+    from autofuse.kernels.triton.backward import Fp16Gemms
+    from autofuse.kernels.triton.variant import DEFAULTS
+    from autofuse.testing import wide_gradient_inputs
+
+    params = DEFAULTS["fp32"] if schedule == "persistent-tma" else {**DEFAULTS["fp32"], "tma": False,
+                                                                     "persistent": False}
+    gemms, failures = Fp16Gemms(params), []
+    for (m, n, k), side, span, ratio, zeroed in itertools.product(WIDE_SIZES, ("x", "W", "dy"), ("two", "all"),
+                                                                  (1e4, 1e8, 1e12, 1e30), (True, False)):
+        if m == 1 and span == "two":
+            continue
+        generator = torch.Generator().manual_seed(m + n)
+        dy, x, w = (t.cuda() for t in wide_gradient_inputs(m, n, k, side, span, ratio, zeroed, generator))
+        dx, dw = gemms(GemmGrad(dy, None, None), x, w, "fp32", True, True)
+        for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
+            exact = a.double() @ b.double()
+            if exact.norm() == 0:
+                continue
+            with math_mode("ieee"):
+                floor = _relative(a @ b, exact)
+            error = _relative(got, exact)
+            if not error <= max(2 * floor, 2.0 ** -22):
+                failures.append(f"{(m, n, k)} {side} rows ({span}) x{ratio:.0e} zeroed={zeroed}: {name} {error:.3g} "
+                                f"> 2x cuBLAS fp32's {floor:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+def test_the_fp32_backwards_range_check_leaves_ordinary_inputs_unflagged():
+    """No row or column flagged at 1024 × 4096² on rand, randn and large inputs (the fast path)."""
+    from autofuse.kernels.triton import backward
+
+    generator = torch.Generator().manual_seed(0)
+    w = (torch.randn(4096, 4096, generator=generator) / 64).cuda()
+    for name, scale, draw in (("rand", 1, torch.rand), ("randn", 1, torch.randn), ("large", 100, torch.randn)):
+        dy, x = ((scale * draw(1024, 4096, generator=generator)).cuda() for _ in range(2))
+        operands = (*backward.dx_operands(dy, backward.weight_columns(w)), *backward.dw_operands(dy, x))
+        flagged = [int((op[2] < 0).sum()) for op in operands]
+        assert flagged == [0, 0, 0, 0], f"{name}: flagged dy rows, W columns, dy columns, x columns: {flagged}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_the_gates_wide_case_passes_the_fp32_triton_backward(problem):
+    """The tuner's wide case, gradients included (``Problem.quiet_wide_cotangent``), at fp32."""
+    from autofuse.kernels.triton.variant import DEFAULTS
+    from autofuse.tuning.gate import CheckCase, check_variant
+
+    prob = registry.get_problem(problem)
+    variant = registry.get_variant(problem, "triton")("fp32", **DEFAULTS["fp32"])
+    for batch in (37, 512):
+        shape = dict(zip(prob.dims, (batch, 1024, 768)))
+        cases = [CheckCase(shape, "rand", 5, False), CheckCase(shape, "wide", 5, True)]
+        for mode in ("train", "eval") if prob.mode_sensitive else ("train",):
+            result = check_variant(variant, prob, cases, "cuda", autograd=True, mode=mode)
+            assert result.ok, f"{problem} {shape} {mode}: {result.reason}"

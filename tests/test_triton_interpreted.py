@@ -126,3 +126,17 @@ def test_wide_rows_keep_the_precisions_accuracy_interpreted(problem, config):
 
 def test_the_range_check_flags_wide_rows_by_effect_not_ordinary_ones_interpreted():
     _run("wide_rows_flags")
+
+
+def test_wide_rows_keep_the_fp32_backwards_accuracy_interpreted():
+    _run("wide_gradients")
+
+
+def test_the_backwards_range_check_flags_by_effect_not_ordinary_inputs_interpreted():
+    _run("wide_gradients_flags")
+
+
+@pytest.mark.parametrize("config", ["persistent-pointers", "grid-tma"])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
+def test_the_gates_wide_case_checks_the_fp32_backward_interpreted(problem, config):
+    _run("wide_gate", problem, config)

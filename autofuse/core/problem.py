@@ -29,6 +29,9 @@ Shape = dict[str, int]
 # (outlier features), the other operand zero at those columns (``wide_columns``), so
 # the result rests on the ordinary entries alone. A GEMM that scales rows into a
 # narrower range (float16 parts) loses those unless it detects them (docs/precision.md).
+# Every other row is wide (``wide_rows``), so the columns of x and W, which the backward's
+# GEMMs split, are wide too; the gate's cotangent is zero where their outliers would
+# otherwise carry the gradient (``Problem.quiet_wide_cotangent``).
 DISTRIBUTIONS = ("rand", "randn", "large", "wide")
 WIDE_RATIO = 1e12  # past float16's 2⁴⁰ span: split and single float16 parts both lose the rest
 # (batch, in, out) the conformance kit checks: batch 1, sizes of 1, odd sizes that are
@@ -49,6 +52,13 @@ def wide_columns(n_in: int) -> tuple[torch.Tensor, torch.Tensor]:
     step = n_in // count
     x_wide = torch.arange(count) * step
     return x_wide, x_wide + step // 2
+
+
+def wide_rows(rows: int) -> torch.Tensor:
+    """The rows the "wide" distribution widens, of x (the batch) or of W (its out features): every
+    other one from the first, so a column of either holds outliers and ordinary entries, and
+    batch 1 keeps its wide row."""
+    return torch.arange(0, rows, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +219,7 @@ class Problem:
         elif distribution == "wide":
             x = torch.randn(size, generator=generator)
             x_wide, w_wide = wide_columns(n_in)
-            x[:, x_wide] *= WIDE_RATIO
+            x[wide_rows(batch)[:, None], x_wide[None, :]] *= WIDE_RATIO
             x[:, w_wide] = 0.0
         else:
             raise InputError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
@@ -236,7 +246,7 @@ class Problem:
         linear = getattr(model, self.linear_attr, None) if self.linear_attr else None
         if distribution == "wide" and isinstance(getattr(linear, "weight", None), torch.Tensor):
             x_wide, w_wide = wide_columns(linear.weight.shape[1])
-            linear.weight[:, w_wide] *= WIDE_RATIO
+            linear.weight[wide_rows(linear.weight.shape[0])[:, None], w_wide[None, :]] *= WIDE_RATIO
             linear.weight[:, x_wide] = 0.0
 
     # -- the float64 reference ----------------------------------------------
@@ -272,6 +282,16 @@ class Problem:
         ``precision`` may land on either side. The gradient check gives those rows a zero
         cotangent, so it compares what is defined; None (the default): no such row."""
         return None
+
+    def quiet_wide_cotangent(self, cotangent: torch.Tensor) -> None:
+        """Zero, in place, the gate's cotangent of a "wide" case (output-shaped) where the wide
+        rows' outliers would carry the gradient: its rows at x's wide rows (``wide_rows``), so
+        the weight gradient's columns at x's outliers rest on the ordinary rows, through
+        epilogues that keep rows apart. A problem whose output columns are the GEMM's
+        (one per out feature, kept apart) zeroes those at W's wide rows too, for dx's sake.
+        At batch 1 nothing: there is no ordinary row to rest on."""
+        if cotangent.shape[0] > 1:
+            cotangent[wide_rows(cotangent.shape[0])] = 0.0
 
     def invariant_parameters(self, mode: str) -> frozenset[str]:
         """Parameters the output does not depend on (up to rounding) in ``mode``: their exact

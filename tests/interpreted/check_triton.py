@@ -444,13 +444,13 @@ def fp16_backward_gemms() -> list[str]:
     gemms = triton_backward.Fp16Gemms(CONFIGS["persistent-pointers"])
     w = torch.randn(24, 40, generator=generator)
     dy = torch.randn(5, 24, generator=generator)
-    made, column_parts = [], triton_backward.column_parts
-    triton_backward.column_parts = lambda t, split: made.append(t.shape) or column_parts(t, split)
+    made, weight_columns = [], triton_backward.weight_columns
+    triton_backward.weight_columns = lambda t: made.append(t.shape) or weight_columns(t)
     try:  # a backward gets a fresh detach() of W each step: the parts are still W's
         for _ in range(2):
             gemms(autograd.GemmGrad(dy, None, None), torch.rand(5, 40), w.detach(), "fp32", True, False)
     finally:
-        triton_backward.column_parts = column_parts
+        triton_backward.weight_columns = weight_columns
     if len(made) != 1:
         failures.append(f"Fp16Gemms made W's column parts {len(made)} times for an unchanged W")
     w.mul_(2.0)
@@ -755,6 +755,120 @@ def _kernelbench_bf16(tmp, export_kernelbench) -> list[str]:
     return []
 
 
+def wide_gradients() -> list[str]:
+    """The fp32 backward's GEMMs (``triton_backward.Fp16Gemms``) on wide rows of x, of W and of dy
+    (their columns too: dW contracts over the batch), M = 1e4 ... 1e30, with and without the
+    entries they multiply zeroed (``autofuse.testing.wide_gradient_inputs``), batch 1 and odd sizes, both schedules:
+    dx and dW within 2x a float32 matmul's relative error against float64 (or 2⁻²², the split's own
+    accuracy per element, where float32 is exact to less). Without the range check the zeroed
+    cases lose up to all of the result (M = 1e12: errors of order 1)."""
+    from autofuse.kernels.triton import backward as triton_backward
+    from autofuse.testing import wide_gradient_inputs
+
+    failures = []
+    for config, params in CONFIGS.items():
+        gemms = triton_backward.Fp16Gemms(params)
+        for (m, n, k), side, span, ratio, zeroed in itertools.product(((1, 40, 33), (37, 40, 33)), ("x", "W", "dy"),
+                                                                      ("two", "all"), WIDE_RATIOS, (True, False)):
+            if m == 1 and span == "two":
+                continue  # one row: "two" would be "all"
+            dy, x, w = wide_gradient_inputs(m, n, k, side, span, ratio, zeroed, torch.Generator().manual_seed(m + n))
+            dx, dw = gemms(autograd.GemmGrad(dy, None, None), x, w, "fp32", True, True)
+            for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
+                exact = a.double() @ b.double()
+                if exact.norm() == 0:
+                    continue  # zeroed away entirely (batch 1)
+                error, floor = err_of(got, exact), err_of(a @ b, exact)
+                what = f"{config} {(m, n, k)} {side} rows ({span}) wide by {ratio:.0e}{' zeroed' if zeroed else ''}"
+                print(f"{what}: {name} {error:.3g} (float32 {floor:.3g})", flush=True)
+                if not error <= max(2 * floor, 2.0 ** -22):
+                    failures.append(f"{what}: {name} relative error {error:.3g} > 2x float32's {floor:.3g}")
+    return failures
+
+
+def wide_gate(problem: str, config: str) -> list[str]:
+    """The tuner's gate on its "wide" case with gradients, fp32 (split_fp16), every mode, batch 2 and
+    an odd batch: x's and W's outliers in every other row, so the backward's columns are wide and
+    the cotangent quiet where they would carry the gradient (``Problem.quiet_wide_cotangent``)."""
+    prob = registry.get_problem(problem)
+    failures = []
+    variant = registry.get_variant(problem, "triton")("fp32", **CONFIGS[config], operands="split_fp16")
+    for batch, mode in itertools.product((2, 37), ("train", "eval") if prob.mode_sensitive else ("train",)):
+        shape = dict(zip(prob.dims, (batch, 80, 66)))
+        # the gate's order: the after-an-update check runs on the first case (a wide W updated by
+        # noise of its own spread overflows BatchNorm's float32 variance, for eager too)
+        cases = [CheckCase(shape, "rand", 13, False), CheckCase(shape, "wide", 13, True)]
+        result = check_variant(variant, prob, cases, "cpu", autograd=True, mode=mode)
+        print(problem, config, shape, mode, result.ok, f"{result.error:.3g}", flush=True)
+        if not result.ok:
+            failures.append(f"{problem} {config} {shape} {mode}: {result.reason}")
+    return failures
+
+
+def _gradient_flag_cases() -> dict:
+    """name: (dy, x, W, flagged rows of dy, columns of W, of dy, of x); 256 rows, 1024 columns.
+    Ordinary inputs first (nothing flagged), then one wide row of x, of W or of dy (1e8, 16 entries)
+    whose partners are zero (as ``wide_gradient_inputs`` zeroes them), which flags its row or columns."""
+    generator = torch.Generator().manual_seed(3)
+    m, n, k = 256, 1024, 1024
+
+    def randn(*size):
+        return torch.randn(*size, generator=generator)
+
+    def ordinary(dy, x):
+        return dy, x, randn(n, k) / k ** 0.5, [], [], [], []
+
+    cases = {"randn": ordinary(randn(m, n), randn(m, k)), "rand": ordinary(torch.rand(m, n, generator=generator),
+                                                                         torch.rand(m, k, generator=generator)),
+             "large": ordinary(100 * randn(m, n), 100 * randn(m, k)),
+             "relu x, batch 1": ordinary(randn(1, n), randn(1, k).clamp_min(0)),
+             "softmax-like dy": ordinary(torch.softmax(4 * randn(m, n), dim=1) * randn(m, n), randn(m, k))}
+    outliers = randn(m, k)
+    outliers[:, :16] *= 1e8
+    cases["outlier features of x"] = ordinary(randn(m, n), outliers)
+    wide = torch.arange(16) * 61
+    dy, x, w = randn(m, n), randn(m, k), randn(n, k) / k ** 0.5
+    x[7, wide] *= 1e8
+    dy[7] = 0.0
+    cases["wide x row"] = (dy, x, w, [], [], [], wide.tolist())
+    dy, x, w = randn(m, n), randn(m, k), randn(n, k) / k ** 0.5
+    w[5, wide] *= 1e8
+    dy[:, 5] = 0.0
+    cases["wide W row"] = (dy, x, w, [], wide.tolist(), [], [])
+    dy, x, w = randn(m, n), randn(m, k), randn(n, k) / k ** 0.5
+    dy[9, wide] *= 1e8
+    w[wide] = 0.0
+    x[9] = 0.0
+    cases["wide dy row"] = (dy, x, w, [9], [], wide.tolist(), [])
+    return cases
+
+
+def wide_gradients_flags() -> list[str]:
+    """The backward's range check flags by effect: ordinary dy, x and W at 256 × 1024 (rand, randn,
+    large, ReLU-like x at batch 1, a softmax-like dy, x with outlier features on every row) leave
+    every row and column unflagged; a wide row of x, W or dy whose partners are zero flags exactly
+    the rows (dy's, dx) and columns (W's, dx; dy's and x's, dW) that hold its wide entries. The
+    checked scales equal the unchecked ones in magnitude."""
+    from autofuse.kernels.triton import backward as triton_backward
+    from autofuse.kernels.triton import host
+
+    failures = []
+    for name, (dy, x, w, *want) in _gradient_flag_cases().items():
+        columns = triton_backward.weight_columns(w)
+        dy_rows, w_cols = triton_backward.dx_operands(dy, columns)
+        dy_cols, x_cols = triton_backward.dw_operands(dy, x)
+        got = [(scales[2] < 0).nonzero().flatten().tolist() for scales in (dy_rows, w_cols, dy_cols, x_cols)]
+        print(name, "flagged: dy rows, W columns, dy columns, x columns", got, flush=True)
+        if got != want:
+            failures.append(f"{name}: flagged {got}, want {want} (dy rows, W columns, dy columns, x columns)")
+        plain = (host.fp16_parts(dy, True), *(triton_backward.column_parts(t, True) for t in (w, dy, x)))
+        for checked, unchecked in zip((dy_rows, w_cols, dy_cols, x_cols), plain):
+            if not all(torch.equal(c, u) for c, u in zip(checked[:2], unchecked[:2])) or not torch.equal(
+                    checked[2].abs(), unchecked[2]):
+                failures.append(f"{name}: the checked parts or scales differ from the unchecked ones")
+    return failures
+
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
@@ -763,7 +877,9 @@ if __name__ == "__main__":
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
                 "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
-                "bn_without_running_stats": bn_without_running_stats, "bf16_model_serving": bf16_model_serving}
+                "wide_gradients": wide_gradients, "wide_gradients_flags": wide_gradients_flags,
+                "wide_gate": wide_gate, "bn_without_running_stats": bn_without_running_stats,
+                "bf16_model_serving": bf16_model_serving}
     found = problems[check](*args)
     for line in found:
         print("FAIL:", line)

@@ -145,7 +145,8 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
                      M, N, K, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                     INTERPRET: tl.constexpr, x32_ptr=None, w32_ptr=None, EXACT_K: tl.constexpr = 0):
+                     INTERPRET: tl.constexpr, x32_ptr=None, w32_ptr=None, EXACT_K: tl.constexpr = 0,
+                     x32_strides=None, w32_strides=None):
     """x[rows]·W[cols]ᵀ for one BLOCK_M × BLOCK_N tile, accumulated in float32.
 
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
@@ -155,7 +156,9 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
     With EXACT_K (fp16 modes only) a negative scale marks a row the float16 parts cannot carry
     (``fp16_row_parts``): a tile holding one skips the main loop and is
-    multiplied from the float32 originals x32_ptr and w32_ptr instead (``exact_tile``).
+    multiplied from the float32 originals x32_ptr and w32_ptr instead (``exact_tile``), whose
+    (row, k) strides x32_strides and w32_strides give: the backward's originals are dyᵀ, Wᵀ and xᵀ,
+    read in place.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -201,7 +204,8 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
         acc = acc * x_scale[:, None] * w_scale[None, :]  # powers of two, one at a time: exact
     if EXACT_K > 0:
-        acc = exact_tile(acc, exact, x32_ptr, w32_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, EXACT_K)
+        acc = exact_tile(acc, exact, x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M,
+                         BLOCK_N, EXACT_K)
     return acc
 
 
@@ -216,26 +220,28 @@ def tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M: tl.const
 
 
 @triton.jit
-def exact_tile(acc, exact, x_ptr, w_ptr, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc + x[rows]·W[cols]ᵀ in float32 FMA from the float32 originals where ``exact``, else acc
     (the loop runs no step). Each k-slice is summed apart and added, as ``split_dot`` does. One
-    stage: the fast loop's pipeline keeps the shared memory, and this path is the rare one."""
+    stage: the fast loop's pipeline keeps the shared memory, and this path is the rare one. The
+    originals are read through their (row, k) strides, so a transposed view serves (the backward's
+    dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant to Triton, so the forward's loads stay contiguous)."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.where(rm < M, rm, 0)
     rn = tl.where(rn < N, rn, 0)
     rk = tl.arange(0, BLOCK_K)
-    a_offsets = rm[:, None].to(tl.int64) * K + rk[None, :]
-    b_offsets = rn[:, None].to(tl.int64) * K + rk[None, :]
+    a_offsets = rm[:, None].to(tl.int64) * x_strides[0] + rk[None, :].to(tl.int64) * x_strides[1]
+    b_offsets = rn[:, None].to(tl.int64) * w_strides[0] + rk[None, :].to(tl.int64) * w_strides[1]
     steps = tl.where(exact, tl.cdiv(K, BLOCK_K), 0)
     for kt in tl.range(0, steps, num_stages=1):
         k_ok = rk[None, :] < K - kt * BLOCK_K
         a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
         b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
         acc += tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
-        a_offsets += BLOCK_K
-        b_offsets += BLOCK_K
+        a_offsets += BLOCK_K * x_strides[1]
+        b_offsets += BLOCK_K * w_strides[1]
     return acc
 
 
@@ -351,11 +357,13 @@ def column_max_update(ptr, a, ok):
 
 
 @triton.jit
-def column_max(src_ptr, part_ptr, R, C, CHUNK, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def column_max(src_ptr, part_ptr, R, C, CHUNK, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, row_max_ptr=None):
     """Per column of a float32 src (R × C, contiguous), max |value| over one CHUNK of rows (the
     launch's second axis) into part_ptr (chunks × C): the first half of ``fp16_col_parts``, split
     over rows so a tall src keeps every SM busy (one program per column block read 1.1 TB/s at
-    16384×4096 on an H100)."""
+    16384×4096 on an H100). With row_max_ptr (R + 1 floats, zeroed) each row's max |value| goes
+    there too and src's max into its last slot, by ``column_max_update`` (an atomic only where a
+    value beats what is stored): the range check's weights for the other operand of dW = dyᵀ·x."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     first = tl.program_id(1) * CHUNK
@@ -363,20 +371,32 @@ def column_max(src_ptr, part_ptr, R, C, CHUNK, BLOCK_R: tl.constexpr, BLOCK_C: t
     largest = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     for r in range(first, tl.minimum(first + CHUNK, R), BLOCK_R):
         mask = ((r + rows) < R)[:, None] & col_ok[None, :]
-        v = tl.load(src_ptr + (r + rows)[:, None].to(tl.int64) * C + cols[None, :], mask=mask, other=0.0)
-        largest = tl.maximum(largest, tl.abs(v))
-    tl.store(part_ptr + tl.program_id(1) * C + cols, tl.max(largest, axis=0), mask=col_ok)
+        v = tl.abs(tl.load(src_ptr + (r + rows)[:, None].to(tl.int64) * C + cols[None, :], mask=mask, other=0.0))
+        largest = tl.maximum(largest, v)
+        if row_max_ptr is not None:
+            column_max_update(row_max_ptr + r + rows, tl.max(v, axis=1), (r + rows) < R)
+    block_max = tl.max(largest, axis=0)
+    tl.store(part_ptr + tl.program_id(1) * C + cols, block_max, mask=col_ok)
+    if row_max_ptr is not None:
+        tl.atomic_max(row_max_ptr + R, tl.max(block_max))
 
 
 @triton.jit
 def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK, CHUNKS, SPLIT: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, row_weight_ptr=None,
+                   loss_ptr=None, FLAG: tl.constexpr = False, STATS: tl.constexpr = False):
     """``fp16_row_parts`` of srcᵀ, without a transposed copy: src is float32 (R × C, contiguous),
     hi and lo are float16 (C × R, contiguous), scaled per column of src by the max of its CHUNKS
     partial maxima (``column_max``); one program per column block and CHUNK of rows. The
     backward's GEMMs contract over the batch for dW = dyᵀ·x and over W's rows for dx = dy·W: those
     operands' K-major forms (``triton_backward``). A max is a max in any order, so the scales and
-    parts are ``fp16_row_parts``'s of the transposed copy, bit for bit, and so are its bounds."""
+    parts are ``fp16_row_parts``'s of the transposed copy, bit for bit, and so are its bounds.
+
+    The range check, in halves: this pass writes each chunk's share to loss_ptr and ``column_flags``
+    merges the chunks. FLAG (dy's and x's columns, per call): the column's losses and |values|
+    weighted by the other operand's row maxima (row_weight_ptr, R + 1 floats, their max last:
+    ``column_max``), (2 × CHUNKS × C) sums; STATS (W's columns, once per W): the count of losing
+    elements, (CHUNKS × C). The rules are ``fp16_row_parts``'s."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     chunks = tl.arange(0, BLOCK_P)
@@ -387,6 +407,10 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
         tl.store(inv_scale_ptr + cols, inv_s, mask=col_ok)
     first = tl.program_id(1) * CHUNK
     rows = tl.arange(0, BLOCK_R)
+    excess = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    budget = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    if FLAG:  # the weights over their max, so the sums stay finite at any range
+        norm = 1.0 / tl.maximum(tl.load(row_weight_ptr + R), 1.1754943508222875e-38)
     for r in range(first, tl.minimum(first + CHUNK, R), BLOCK_R):
         mask = ((r + rows) < R)[:, None] & col_ok[None, :]
         v = tl.load(src_ptr + (r + rows)[:, None].to(tl.int64) * C + cols[None, :], mask=mask, other=0.0) * s[None, :]
@@ -395,6 +419,40 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
         tl.store(hi_ptr + out, tl.trans(hi), mask=tl.trans(mask))
         if SPLIT:
             tl.store(lo_ptr + out, tl.trans((v - hi.to(tl.float32)).to(tl.float16)), mask=tl.trans(mask))
+        if FLAG or STATS:
+            loss = parts_loss(v, hi, SPLIT)
+            if FLAG:
+                weight = tl.load(row_weight_ptr + r + rows, mask=(r + rows) < R, other=0.0) * norm
+                excess += loss * weight[:, None]
+                budget += tl.abs(v) * weight[:, None]
+            else:
+                excess += (loss > 0).to(tl.float32)
+    if FLAG or STATS:
+        tl.store(loss_ptr + tl.program_id(1) * C + cols, tl.sum(excess, axis=0), mask=col_ok)
+    if FLAG:
+        tl.store(loss_ptr + (CHUNKS + tl.program_id(1)) * C + cols, tl.sum(budget, axis=0), mask=col_ok)
+
+
+@triton.jit
+def column_flags(loss_ptr, inv_scale_ptr, R, C, CHUNKS, SPLIT: tl.constexpr, FLAG: tl.constexpr,
+                 BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The range check's second half for ``fp16_col_parts``: each column's chunk sums merged, and its
+    inverse scale negated where the column is flagged, by ``flag_row``'s rule (FLAG) or by the count
+    rule of W's rows (1 element in WIDE_CANDIDATE). One program per column block; it reads (2 ×)
+    CHUNKS × C floats, at most a 128th of the elements the parts pass reads (a chunk is 256+ rows)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    chunks = tl.arange(0, BLOCK_P)
+    mask = (chunks < CHUNKS)[:, None] & col_ok[None, :]
+    excess = tl.sum(tl.load(loss_ptr + chunks[:, None] * C + cols[None, :], mask=mask, other=0.0), axis=0)
+    if FLAG:
+        budget = tl.sum(tl.load(loss_ptr + (CHUNKS + chunks[:, None]) * C + cols[None, :], mask=mask, other=0.0),
+                        axis=0)
+        flagged = flag_row(excess, budget, SPLIT)
+    else:
+        flagged = excess * WIDE_CANDIDATE >= R
+    inv_s = tl.load(inv_scale_ptr + cols, mask=col_ok, other=1.0)
+    tl.store(inv_scale_ptr + cols, tl.where(flagged, -inv_s, inv_s), mask=col_ok)
 
 
 @triton.jit
@@ -402,7 +460,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
                     epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
-                    EXACT_K: tl.constexpr = 0):
+                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -416,8 +474,9 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     separate arguments: Triton 3.6's CUDA launcher unpacks tensor descriptors at the top level only.
     The arguments keep the order the per-problem kernels had (operands, the epilogue's, M, N, K):
     with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
-    clamp_lse_partials kernel at 255 registers spilled where it had not. ``x32_ptr``, ``w32_ptr`` and
-    EXACT_K are the range check's exact path (``tile_accumulator``), None and 0 where it is off.
+    clamp_lse_partials kernel at 255 registers spilled where it had not. ``x32_ptr``, ``w32_ptr``, their
+    (row, k) strides (tuples) and EXACT_K are the range check's exact path (``tile_accumulator``), None
+    and 0 where it is off.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -425,7 +484,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
                                w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE, TMA, EVEN_K,
-                               INTERPRET, x32_ptr, w32_ptr, EXACT_K)
+                               INTERPRET, x32_ptr, w32_ptr, EXACT_K, x32_strides, w32_strides)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)

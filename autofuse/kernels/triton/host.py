@@ -18,7 +18,8 @@ import torch
 # An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
 # inverse scales (else None): what ``triton_variant.input_operands`` and ``weight_operands`` return.
 # The range-checked float16 paths append a fourth element: the float32 source for the GEMM's exact
-# path (``fp16_input_parts``), or in W's cached operand its ``WideCheck``.
+# path (``fp16_input_parts``; in the backward a transposed view such as dyᵀ, read through its
+# strides), or in W's cached operand its ``WideCheck``.
 Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
@@ -170,7 +171,7 @@ def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[
     pointers, or with ``tma_blocks`` (BLOCK_M, BLOCK_N, BLOCK_K) tensor descriptors (W's
     ``w_descs`` where already made); the low parts only if ``split``; the float16 rows' scales
     (None but on the float16 paths); and where the operands carry their sources (a fourth
-    element, the range-checked float16 paths), those and the exact path's k-slice.
+    element, the range-checked float16 paths), those, their strides and the exact path's k-slice.
 
     Operands the kernel does not read are None: Triton makes a None argument a constant, so
     neither its binding nor the launcher's descriptor encoding costs host time per call."""
@@ -180,7 +181,8 @@ def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[
     args = {"x_ptr": None, "x_lo_ptr": None, "w_ptr": None, "w_lo_ptr": None, "x_desc": None, "x_lo_desc": None,
             "w_desc": None, "w_lo_desc": None, "x_scale_ptr": x_scale, "w_scale_ptr": w_scale}
     if len(xs) > 3:  # range-checked float16 parts (``fp16_input_parts``): flagged tiles multiply the sources
-        args.update(x32_ptr=xs[3], w32_ptr=weights[3], EXACT_K=EXACT_K)
+        args.update(x32_ptr=xs[3], w32_ptr=weights[3], EXACT_K=EXACT_K, x32_strides=tuple(xs[3].stride()),
+                    w32_strides=tuple(weights[3].stride()))
     if tma_blocks is None:
         args.update(x_ptr=x, x_lo_ptr=x_lo, w_ptr=w, w_lo_ptr=w_lo)
         return args

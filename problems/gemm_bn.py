@@ -6,7 +6,6 @@ the running variance (unbiased) with momentum 0.1. In eval mode it uses the runn
 statistics. Training needs batch >= 2, as in PyTorch.
 """
 
-import math
 
 import torch
 from torch import nn

@@ -13,7 +13,7 @@ from helpers import use_test_plugins
 
 import autofuse
 from autofuse.core import plugins, registry
-from autofuse.core.variant import FoldCache, Variant
+from autofuse.core.variant import Variant
 from autofuse.tuning.gate import check_cases, check_variant
 from autofuse.tuning.outcome import Outcome
 

@@ -6,7 +6,6 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import optuna
 import pytest
@@ -14,7 +13,7 @@ import torch
 from helpers import use_test_plugins
 
 import autofuse
-from autofuse.core import plugins, registry
+from autofuse.core import plugins
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.serve.table_watch import WATCH
 from autofuse.tuning import evaluate, search

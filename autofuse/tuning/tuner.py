@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import torch
 
 from autofuse.core import registry
-from autofuse.core.precision import check_dtype, check_precision, dtype_name, parse_dtype
+from autofuse.core.precision import check_dtype, check_precision, parse_dtype
 from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.dispatch import bad_entry
@@ -36,7 +36,6 @@ from autofuse.tuning import batch_classes, parallel, placement
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
-from autofuse.tuning.evaluate import BASELINE
 from autofuse.tuning.outcome import Outcome
 from autofuse.tuning.search import search
 from autofuse.tuning.selection import Row, candidate_records, choose

@@ -83,7 +83,7 @@ class TritonGemmBn(TritonVariant):
     def _eval_fused(self, x, weight, k, shift, save):
         x, xs, weights, _ = self.operands(x, weight, None, "gemm")
         w = self.backward_weight(weight, weights)
-        (batch, n_in), n_out = x.shape, w.shape[0]
+        batch, n_out = x.shape[0], w.shape[0]
         k, shift = (operand(t, name, (n_out,), x.device) for t, name in ((k, "k"), (shift, "shift")))
         out = torch.empty(batch, n_out, device=x.device, dtype=self.model_dtype(weight))
         z = torch.empty(batch, n_out, device=x.device) if save else None  # None: not stored
@@ -93,7 +93,7 @@ class TritonGemmBn(TritonVariant):
     def _train(self, model, ops, x, weight, save):
         x, xs, weights, _ = self.operands(x, weight, None, "gemm")
         w = self.backward_weight(weight, weights)
-        (batch, n_in), n_out = x.shape, w.shape[0]
+        batch, n_out = x.shape[0], w.shape[0]
         kernels, tile_m = self.module(), self.params["block_m"]
         row_tiles = -(-batch // tile_m)
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype)

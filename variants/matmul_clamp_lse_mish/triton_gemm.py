@@ -50,7 +50,7 @@ class TritonClampLseMish(TritonVariant):
     def _fused(self, x, weight, bias, scalars, parts, save):
         x, xs, weights, b = self.operands(x, weight, bias, "matmul")
         w = self.backward_weight(weight, weights)
-        (batch, n_in), n_out = x.shape, w.shape[0]
+        batch, n_out = x.shape[0], w.shape[0]
         kernels = self.module()
         tiles = -(-n_out // self.params["block_n"])
         save_y, save_q = save and parts is None, save and parts is not None

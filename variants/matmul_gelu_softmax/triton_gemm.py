@@ -31,7 +31,7 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
     def _fused(self, x, weight, bias, save):
         x, xs, weights, b = self.operands(x, weight, bias, "linear")
         w = self.backward_weight(weight, weights)
-        (batch, n_in), n_out = x.shape, w.shape[0]
+        batch, n_out = x.shape[0], w.shape[0]
         kernels = self.module()
         parts = -(-n_out // self.params["block_n"])
         logits = torch.empty(batch, n_out, device=x.device)

@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--all", action="store_true", help="every problem at its default shapes (both modes where they differ)")
     bench.add_argument("--shape", type=_shape_arg, help="default: every default shape")
     bench.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda if available)")
-    bench.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
+    bench.add_argument("--precision", choices=list(PRECISIONS), help="default fp32; bf16 for a bfloat16 model")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="the model's dtype: bfloat16 benches model.bfloat16() on bfloat16 inputs, under bf16 only")
     bench.add_argument("--mode", choices=["train", "eval"], help="for gemm_bn (default: train; --all does both)")
     bench.add_argument("--table", help="dispatch table to read tuned configurations from")
     bench.add_argument("--rounds", type=int, default=20, help="interleaved rounds (3 timed calls each)")
@@ -80,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
                        "variants, the autograd entry); both: the two tables (default forward)")
     bench.add_argument("--skip-variants", type=lambda s: s.split(","), default=[],
                        help="leave these variants' rows out, comma-separated (names a problem lacks are ignored)")
+    bench.add_argument("--batches", type=_batches_arg, metavar="B1,B2,...",
+                       help="a batch sweep instead: per batch the dispatch (and which entry served it), eager, "
+                       "torch.compile default and the floor, e.g. 1,8,37,100,512,1023,1025,2048")
+    bench.add_argument("--wall", action="store_true", help="with --batches: also the wall time per call with a "
+                       "synchronize after each, and the GPU time over reading W once")
     bench.add_argument("--out", default="bench-out", help="folder for the JSON and PNG results (default bench-out)")
     bench.add_argument("--markdown", help="also write this Markdown report (e.g. BENCHMARKS.md)")
     bench.add_argument("--from-out", action="store_true",
@@ -191,12 +198,19 @@ def _params(params: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in params.items()) or "-"
 
 
+def _batches_arg(text: str) -> list[int]:
+    try:
+        return [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batches are comma-separated ints, e.g. 1,8,37; got {text!r}") from None
+
+
 def _bench(args) -> None:
     import pathlib
 
     from autofuse.bench.run import bench, markdown, save
-    from autofuse.core.listing import list_problems
-    from autofuse.core.registry import get_problem
+    from autofuse.bench.sweep import bench_sweep
+    from autofuse.bench.sweep_report import save_sweeps
 
     if args.markdown:  # before the bench, which can take minutes, not after it
         _make_parent(args.markdown)
@@ -204,24 +218,40 @@ def _bench(args) -> None:
         return _bench_markdown_from_out(args)
     if args.all == bool(args.problem):
         raise AutofuseError("name one problem, or pass --all")
+    if args.wall and not args.batches:
+        raise AutofuseError("--wall measures per batch: name the batches, e.g. --batches 1,32")
+    common = {"device": args.device, "dtype": args.dtype, "precision": args.precision, "table": args.table,
+              "rounds": args.rounds, "use_compile": not args.no_compile}
+    reports, sweeps = [], []
+    for name, mode, step in _bench_jobs(args):
+        if args.batches:
+            sweeps += bench_sweep(name, args.shape, args.batches, mode=mode, step=step, wall=args.wall, **common)
+            _print_sweep(sweeps[-1])
+            continue
+        for report in bench(name, args.shape, mode=mode, compile_modes=args.compile_modes, step=step,
+                            skip_variants=args.skip_variants, **common):
+            _print_bench(report)
+            reports.append(report)
+    save(reports, args.out)
+    save_sweeps(sweeps, args.out)
+    if args.markdown:
+        target = pathlib.Path(args.markdown)
+        command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
+        target.write_text(markdown(reports, command, pathlib.Path(args.out), target.parent, sweeps=sweeps))
+        print(f"wrote {target}")
+
+
+def _bench_jobs(args) -> list[tuple[str, str | None, str]]:
+    """(problem, mode, step) of each bench: --all's problems in both BatchNorm modes, each step asked for."""
+    from autofuse.core.listing import list_problems
+    from autofuse.core.registry import get_problem
+
     jobs = []
     for name in [p["name"] for p in list_problems()] if args.all else [args.problem]:
         modes = [args.mode] if args.mode or not get_problem(name).mode_sensitive else (["train", "eval"] if args.all else ["train"])
         jobs += [(name, mode) for mode in modes]
     steps = {"forward": ["forward"], "backward": ["forward+backward"], "both": ["forward", "forward+backward"]}[args.step]
-    reports = []
-    for (name, mode), step in ((job, step) for job in jobs for step in steps):
-        for report in bench(name, args.shape, device=args.device, precision=args.precision, mode=mode,
-                            table=args.table, rounds=args.rounds, use_compile=not args.no_compile,
-                            compile_modes=args.compile_modes, step=step, skip_variants=args.skip_variants):
-            _print_bench(report)
-            reports.append(report)
-    save(reports, args.out)
-    if args.markdown:
-        target = pathlib.Path(args.markdown)
-        command = "autofuse " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("autofuse") else "autofuse bench ..."
-        target.write_text(markdown(reports, command, pathlib.Path(args.out), target.parent))
-        print(f"wrote {target}")
+    return [(name, mode, step) for name, mode in jobs for step in steps]
 
 
 def _make_parent(path: str) -> None:
@@ -240,11 +270,12 @@ def _bench_markdown_from_out(args) -> None:
 
     from autofuse.bench.report import MEASURE_ON_GPU
     from autofuse.bench.run import ANALYSIS_FILE, load, markdown
+    from autofuse.bench.sweep_report import load_sweeps
 
     if not args.markdown:
         raise AutofuseError("--from-out writes a Markdown report: name it with --markdown FILE")
-    reports = load(args.out)
-    if not reports:
+    reports, sweeps = load(args.out), load_sweeps(args.out)
+    if not reports and not sweeps:
         raise AutofuseError(f"--from-out: no bench reports (*.json) in {args.out}")
     target, out = pathlib.Path(args.markdown), pathlib.Path(args.out)
     # Spelled from the arguments, not sys.argv: the page names the command that rewrites it.
@@ -252,21 +283,23 @@ def _bench_markdown_from_out(args) -> None:
     # The hand-written analysis (optional), then what benchmarks/gpu/kernelbench_harness.py wrote into harness/.
     written = [out / ANALYSIS_FILE] + sorted((out / "harness").glob("*.md"))
     analysis = "\n\n".join(path.read_text().strip() for path in written if path.exists()) or None
-    target.write_text(markdown(reports, command, out, target.parent, analysis, MEASURE_ON_GPU.format(out=args.out)))
-    print(f"wrote {target} from {len(reports)} reports in {args.out}")
+    target.write_text(markdown(reports, command, out, target.parent, analysis, MEASURE_ON_GPU.format(out=args.out), sweeps))
+    print(f"wrote {target} from {len(reports) + len(sweeps)} reports in {args.out}")
 
 
 def _print_bench(report) -> None:
-    from autofuse.serve.table import shape_key
-
-    step = "" if report.step == "forward" else f" {report.step}"
-    print(f"\n{report.problem} {shape_key(report.shape)} {report.precision} {report.mode}{step} on {report.device.get('name')}")
+    print(f"\n{report.title} on {report.device.get('name')}")
     rows = []
     for row in report.rows:
         t, speed, floor = row.timing, report.ratio(row, "eager"), report.ratio(row, "floor")
         rows.append([row.candidate, _params(row.params), f"{t.median_ms:.4f}" if t else "", f"{t.p20_ms:.4f}-{t.p80_ms:.4f}" if t else "",
                      f"{speed:.2f}x" if speed else "", f"{floor:.2f}" if floor else "", row.note[:70]])
     print(tabulate(rows, headers=["candidate", "params", "median ms", "p20-p80", "vs eager", "x floor", "note"]))
+
+
+def _print_sweep(sweep) -> None:
+    print(f"\non {sweep.device.get('name')}:")
+    print("\n".join(sweep.markdown()))
 
 
 def _report(args) -> None:

@@ -1,9 +1,9 @@
 """``autofuse bench``'s reports: rows, ratios, JSON in and out, charts, and the Markdown summary.
 
-A report is one problem, shape, precision, mode and step: ``forward`` (inference) or
-``forward+backward`` (a training step, ``autofuse.tuning.timed_call``). Reports of several runs (one per
+A report is one problem, shape, model dtype (float32, or a bfloat16 model), precision, mode and
+step: ``forward`` (inference) or ``forward+backward`` (a training step, ``autofuse.tuning.timed_call``). Reports of several runs (one per
 precision, say) are saved into one folder and rendered together (``--from-out``). The Markdown
-is a summary (per precision, one table against eager, torch.compile and the floor, how it was
+is a summary (per precision and model dtype, one table against eager, torch.compile and the floor, how it was
 measured, the command that reproduces it); every variant's row stays in the JSON and the charts.
 """
 
@@ -48,6 +48,7 @@ class BenchReport:
     # folder and one BENCHMARKS.md, so the page says when they were measured; None in reports
     # saved before the field existed.
     measured: str | None = None
+    dtype: str = "float32"  # the model's: "bfloat16" for a bfloat16 model (under bf16 only)
 
     def row(self, candidate: str) -> BenchRow | None:
         return next((r for r in self.rows if r.candidate == candidate), None)
@@ -61,14 +62,14 @@ class BenchReport:
     @property
     def title(self) -> str:
         step = "" if self.step == FORWARD else f", {self.step}"
-        return f"{self.problem} {shape_key(self.shape)} ({self.precision}, {self.mode}{step})"
+        return f"{self.problem} {shape_key(self.shape)} ({section(self.precision, self.dtype)}, {self.mode}{step})"
 
     def to_dict(self) -> dict:
         rows = [{"candidate": r.candidate, "role": r.role, "params": r.params, "note": r.note,
                  **(r.timing.to_dict() if r.timing else {}),
                  "speedup_vs_eager": self.ratio(r, "eager"), "x_floor": self.ratio(r, FLOOR)} for r in self.rows]
-        return {"problem": self.problem, "shape": self.shape, "precision": self.precision, "mode": self.mode,
-                "step": self.step, "measured": self.measured, "device": self.device, "rows": rows}
+        return {"problem": self.problem, "shape": self.shape, "dtype": self.dtype, "precision": self.precision,
+                "mode": self.mode, "step": self.step, "measured": self.measured, "device": self.device, "rows": rows}
 
 
 def load(folder: str | pathlib.Path) -> list[BenchReport]:
@@ -83,9 +84,9 @@ def load(folder: str | pathlib.Path) -> list[BenchReport]:
         data = json.loads(path.read_text())
         if not (isinstance(data, dict) and {"problem", "rows"} <= data.keys()):
             continue
-        rows = [BenchRow(r["candidate"], r["role"], r["params"], _timing(r), r.get("note", "")) for r in data["rows"]]
+        rows = [row_of(r) for r in data["rows"]]
         reports.append(BenchReport(data["problem"], data["shape"], data["precision"], data["mode"], data["device"], rows,
-                                   data.get("step", FORWARD), data.get("measured")))
+                                   data.get("step", FORWARD), data.get("measured"), data.get("dtype", "float32")))
     return sorted(reports, key=lambda report: report.step != FORWARD)  # stable: file order within a step
 
 
@@ -94,9 +95,26 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def _timing(row: dict) -> Timing | None:
+def section(precision: str, dtype: str) -> str:
+    """A report's precision, and "bfloat16 model" for one: its section of the summary."""
+    return precision if dtype == "float32" else f"{precision}, {dtype} model"
+
+
+def file_stem(problem: str, size, precision: str, dtype: str, mode: str, step: str) -> str:
+    """The name a report is saved under: a float32 model's as it always was, a bfloat16 model's
+    with its dtype, so the two never overwrite each other."""
+    parts = [problem, str(size), precision] + ([] if dtype == "float32" else [dtype]) + [mode]
+    return "-".join(parts) + ("" if step == FORWARD else "-fwdbwd")
+
+
+def timing_of(row: dict) -> Timing | None:
     fields = ("median_ms", "p20_ms", "p80_ms", "reps")
     return Timing(*(row[f] for f in fields)) if all(row.get(f) is not None for f in fields) else None
+
+
+def row_of(row: dict) -> BenchRow:
+    """A row as ``to_dict`` wrote it."""
+    return BenchRow(row["candidate"], row["role"], row["params"], timing_of(row), row.get("note", ""))
 
 
 def save(reports: list[BenchReport], out: str | pathlib.Path) -> list[pathlib.Path]:
@@ -105,8 +123,8 @@ def save(reports: list[BenchReport], out: str | pathlib.Path) -> list[pathlib.Pa
     out.mkdir(parents=True, exist_ok=True)
     charts = []
     for report in reports:
-        stem = f"{report.problem}-{report.shape[next(iter(report.shape))]}-{report.precision}-{report.mode}"
-        stem += "" if report.step == FORWARD else "-fwdbwd"
+        stem = file_stem(report.problem, next(iter(report.shape.values())), report.precision, report.dtype, report.mode,
+                         report.step)
         (out / f"{stem}.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
         chart = _chart(report, out / f"{stem}.png")
         if chart is not None:
@@ -130,7 +148,7 @@ def _chart(report: BenchReport, path: pathlib.Path) -> pathlib.Path | None:
     ax.set_xscale("log")
     ax.set_xlabel("median ms (p20-p80), log scale")
     step = "" if report.step == FORWARD else f" {report.step}"
-    ax.set_title(f"{report.problem} {shape_key(report.shape)}\n{report.precision} {report.mode}{step} on {report.device.get('name')}", fontsize=9)
+    ax.set_title(f"{report.problem} {shape_key(report.shape)}\n{section(report.precision, report.dtype)} {report.mode}{step} on {report.device.get('name')}", fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -151,27 +169,38 @@ MEASURE_ON_GPU = ("bash benchmarks/gpu/benchmarks.sh ieee fp32 tf32 bf16\n"
 
 
 def markdown(reports: list[BenchReport], command: str, out: pathlib.Path, relative_to: pathlib.Path,
-             analysis: str | None = None, measured_by: str | None = None) -> str:
-    """BENCHMARKS.md: per precision one summary table, how it was measured, and ``command`` (which
-    wrote this page); ``measured_by``, where given, is how the reports in ``out`` were measured.
-    ``analysis`` (hand-written: why targets were missed) follows. Nothing here depends on when
-    it is rendered, so rendering the same reports again gives the same page."""
+             analysis: str | None = None, measured_by: str | None = None, sweeps=()) -> str:
+    """BENCHMARKS.md: per precision (and model dtype) one summary table, the batch ``sweeps``
+    (``autofuse.bench.sweep_report``), how it was measured, and ``command`` (which wrote this page);
+    ``measured_by``, where given, is how the reports in ``out`` were measured. ``analysis``
+    (hand-written: why targets were missed) follows. Nothing here depends on when it is
+    rendered, so rendering the same reports again gives the same page."""
     lines = ["# Benchmarks", "",
              "Time per call of the autofuse dispatch against what a user would pick instead (eager PyTorch, "
              "torch.compile in two modes) and against the floor, per precision; medians in ms. "
              f"Every variant's row, with its p20-p80, is in the JSON reports and charts in {_link(out, relative_to)}.", ""]
-    for precision in sorted({r.precision for r in reports}, key=_precision_order):
-        lines += [f"## {precision}", "", HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
-        lines += [_summary_row(r) for r in reports if r.precision == precision]
+    for precision, dtype in sorted({(r.precision, r.dtype) for r in reports}, key=_section_order):
+        lines += [f"## {section(precision, dtype)}", "", HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
+        lines += [_summary_row(r) for r in reports if (r.precision, r.dtype) == (precision, dtype)]
         lines.append("")
-    lines += _method(reports) + _reproduce(command, measured_by)
+    lines += sweep_section(list(sweeps)) + _method([*reports, *sweeps]) + _reproduce(command, measured_by)
     if analysis:
         lines += [analysis.strip(), ""]
     return "\n".join(lines)
 
 
-def _precision_order(precision: str) -> tuple[int, str]:
-    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision)
+def sweep_section(sweeps: list) -> list[str]:
+    """The "Batch sweeps" section: each ``autofuse.bench.sweep_report.SweepReport``'s table (it
+    renders itself: that module builds on this one), empty without sweeps."""
+    if not sweeps:
+        return []
+    return ["## Batch sweeps", "", sweeps[0].INTRO, ""] + [line for sweep in sweeps for line in sweep.markdown()]
+
+
+def _section_order(key: tuple[str, str]) -> tuple[int, str, bool, str]:
+    """Strictest precision first, a float32 model before a bfloat16 one."""
+    precision, dtype = key
+    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision, dtype != "float32", dtype)
 
 
 def _summary_row(report: BenchReport) -> str:
@@ -185,7 +214,7 @@ def _summary_row(report: BenchReport) -> str:
     speedup = (fastest.timing.median_ms / dispatch.timing.median_ms
                if fastest is not None and dispatch is not None and dispatch.timing is not None else None)
     cells = [f"{over:.3f}" if over else "-", f"{speedup:.2f}x" if speedup else "-"]
-    target = target_for(report.problem, report.step, report.precision, report.mode, report.shape)
+    target = target_for(report.problem, report.step, report.precision, report.mode, report.shape, report.dtype)
     measured = target.measure(report, dispatch) if target else None
     missed = target.miss(measured) if measured is not None else None
     if missed:  # said in the cell it concerns: time over the floor, or the speedup over a baseline
@@ -195,7 +224,8 @@ def _summary_row(report: BenchReport) -> str:
             + " | ".join(ms(name) for _, name in TIMES) + " | " + " | ".join(cells) + " |")
 
 
-def _method(reports: list[BenchReport]) -> list[str]:
+def _method(reports: list) -> list[str]:
+    """How it was measured, for the reports and sweeps on the page (each has ``device`` and ``measured``)."""
     devices = list(dict.fromkeys(_device_text(r.device) for r in reports))
     stamps = sorted(r.measured[:10] for r in reports if r.measured)
     when = "" if not stamps else f", measured {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "") + " (UTC)"
@@ -214,7 +244,8 @@ def _method(reports: list[BenchReport]) -> list[str]:
         "to None, the forward, then the backward of a fixed random-normal upstream gradient; the input does not "
         "require grad (a first layer).",
         "- *cuBLAS-alone floor*: cuBLAS's GEMM alone at the precision (bf16: on operands already cast; a training "
-        "step: the forward and the weight-gradient GEMMs). gemm_avgpool_gelu_residual's algebra removes its GEMM, "
+        "step: the forward and the weight-gradient GEMMs). A *bfloat16 model* section runs every row on the model "
+        "cast with `model.bfloat16()` and bfloat16 inputs, the dispatch on its `dtype=bfloat16` entries. gemm_avgpool_gelu_residual's algebra removes its GEMM, "
         "so its floor is a copy of the bytes the call must move (the floor row's note in the JSON says which).",
         "- *time over floor*: the dispatch's median over the floor's. *speedup vs compile*: the faster "
         "torch.compile mode's median over the dispatch's (under bf16 the JSON also times a compiled copy of the "

@@ -12,7 +12,11 @@
 #   STEPS="bench grad" TABLE=benchmarks/table.json UNITS="99 22" bash benchmarks/gpu/benchmarks.sh tf32 bf16
 #   STEPS=harness TABLE=benchmarks/table.json bash benchmarks/gpu/benchmarks.sh fp32 bf16
 # Steps: tune (forward and autograd entries), bench (forward table), grad (forward+backward
-# table), harness (benchmarks/gpu/kernelbench_harness.py on 51, 99, 22 and bn-train's 39).
+# table), harness (benchmarks/gpu/kernelbench_harness.py on 51, 99, 22 and bn-train's 39),
+# sweep (the batch sweep at BATCHES with wall times per call; not in the default STEPS).
+# DTYPE=bfloat16 (with precision bf16) tunes and benches a bfloat16 model (model.bfloat16()),
+# whose reports and sections keep apart from the float32 model's, e.g.
+#   DTYPE=bfloat16 STEPS="tune bench grad sweep" bash benchmarks/gpu/benchmarks.sh bf16
 # Everything lands in $OUT/benchmarks (the table it used and updated, reports, charts, logs,
 # the harness's JSON and ModelNew files). Copy the table, reports and charts (*.json, *.png) and
 # harness/ to benchmarks/ (the logs stay out of git) and pass TABLE=benchmarks/table.json to the
@@ -46,8 +50,9 @@ BENCH_SKIP=${BENCH_SKIP:-cuda_naive,cuda_tiled}; BENCH_SKIP_51=${BENCH_SKIP_51:-
 COMPILE_MODES=${COMPILE_MODES:-default,max-autotune-no-cudagraphs}
 BENCH_FLAGS=${BENCH_FLAGS:-}  # e.g. --no-compile where the device time is short
 HARNESS_FLAGS=${HARNESS_FLAGS:-}  # e.g. --trials 10
-DEVICE=${DEVICE:-cuda}; SMALL=${SMALL:-}
-at=(--device "$DEVICE" ${SMALL:+--shape batch_size=16,in_features=32,out_features=24})
+DEVICE=${DEVICE:-cuda}; SMALL=${SMALL:-}; DTYPE=${DTYPE:-float32}
+BATCHES=${BATCHES:-1,8,32,37,100,512,1023,1025,2048}; SWEEP_FLAGS=${SWEEP_FLAGS:---wall}
+at=(--device "$DEVICE" --dtype "$DTYPE" ${SMALL:+--shape batch_size=16,in_features=32,out_features=24})
 # Outside $OUT: the CUDA build cache and studies stay on the machine between commands, not shipped back.
 export AUTOFUSE_HOME=${AUTOFUSE_HOME:-/tmp/autofuse-home} PYTHONUNBUFFERED=1
 work=$OUT/benchmarks; mkdir -p "$work"
@@ -73,6 +78,10 @@ bench_step() {  # $1: forward or backward
     autofuse bench $(args_of "$2") "${at[@]}" --precision "$3" --step "$1" --table "$table" --out "$work" --rounds "$ROUNDS" \
         --compile-modes "$COMPILE_MODES" ${skip:+--skip-variants "$skip"} $BENCH_FLAGS 2>&1 \
         | tee -a "$work/bench-$3.log" | grep -vE "^(autofuse: |  warnings.warn|$|-)"
+}
+sweep() {  # the batch sweep (compiles torch.compile per batch: BENCH_FLAGS=--no-compile leaves that out)
+    autofuse bench $(args_of "$1") "${at[@]}" --precision "$2" --batches "$BATCHES" $SWEEP_FLAGS --table "$table" \
+        --out "$work" --rounds "$ROUNDS" $BENCH_FLAGS 2>&1 | tee -a "$work/sweep-$2.log" | grep -E "^(\||###)"
 }
 bench() { bench_step forward "$@"; }
 grad() { bench_step backward "$@"; }

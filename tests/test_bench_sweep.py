@@ -99,7 +99,7 @@ def test_the_table_has_a_row_per_batch_and_marks_the_small_batch_targets():
 def test_sweeps_round_trip_and_render_with_the_reports(tmp_path, table):
     sweeps = bench_sweep("matmul_gelu_softmax", SMALL, [2, 12], device="cpu", table=table, use_compile=False, rounds=1)
     save_sweeps(sweeps, tmp_path / "out")
-    assert [p.name for p in (tmp_path / "out").glob("*.json")] == ["matmul_gelu_softmax-sweep×48×40-fp32-any.json"]
+    assert [p.name for p in (tmp_path / "out").glob("*.json")] == ["matmul_gelu_softmax-sweep-x48-x40-fp32-any.json"]
     [loaded] = load_sweeps(tmp_path / "out")
     assert loaded.to_dict() == sweeps[0].to_dict()
     target = tmp_path / "B.md"

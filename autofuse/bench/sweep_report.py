@@ -88,12 +88,14 @@ class SweepReport:
 
 
 def save_sweeps(sweeps: list[SweepReport], out: str | pathlib.Path) -> list[pathlib.Path]:
-    """Write each sweep as JSON (``PROBLEM-sweep×IN×OUT-...``, apart from the one-shape reports)."""
+    """Write each sweep as JSON (``PROBLEM-sweep-xIN-xOUT-...``, apart from the one-shape reports): ASCII
+    names, which every file system and transfer takes (the lent GPU's copy-back refused a "×")."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for sweep in sweeps:
-        path = out / f"{file_stem(sweep.problem, 'sweep' + sweep.family, sweep.precision, sweep.dtype, sweep.mode, sweep.step)}.json"
+        family = "sweep" + sweep.family.replace("×", "-x")
+        path = out / f"{file_stem(sweep.problem, family, sweep.precision, sweep.dtype, sweep.mode, sweep.step)}.json"
         path.write_text(json.dumps(sweep.to_dict(), indent=1) + "\n")
         paths.append(path)
     return paths

@@ -44,17 +44,25 @@ def test_triton_serves_a_bfloat16_model_at_odd_sizes(problem):
                                     dtype=torch.bfloat16, shapes=[shape], seed=sizes[0])
 
 
-def _grads(run, model, x, cotangent):
+def _grads(run, model, x, cotangent) -> dict:
+    """The output and the gradients of the input and of every parameter, by name."""
     x = x.detach().clone().requires_grad_(True)
     out = run(model, x)
     out.backward(cotangent.to(out.dtype))
-    return out.detach(), {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+    return {"output": out.detach(), "input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("problem", PROBLEMS)
-def test_triton_bfloat16_model_at_a_default_shape_matches_eager_and_float64(problem, mode):
+def test_triton_bfloat16_model_at_a_default_shape_is_as_close_to_float64_as_eager(problem, mode):
+    """The gate at a default shape, then the output and every gradient against the float64 model:
+    within twice the bf16 tolerance or twice the eager bfloat16 model's own error."""
     prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
     if mode == "eval" and not prob.mode_sensitive:
         pytest.skip("one mode only")
@@ -66,16 +74,19 @@ def test_triton_bfloat16_model_at_a_default_shape_matches_eager_and_float64(prob
     model = prob.build_model(shape).train(mode == "train").cuda().bfloat16()
     x = prob.make_input(shape, "randn", torch.Generator().manual_seed(1), device="cuda", dtype=torch.bfloat16)
     cotangent = torch.randn(variant(copy.deepcopy(model), x).shape, device="cuda")
-    got_out, got = _grads(variant, copy.deepcopy(model), x, cotangent)
-    want_out, want = _grads(EagerVariant("bf16"), copy.deepcopy(model), x, cotangent)
+    # Each against float64, the eager bfloat16 model's error beside it: a gradient that bfloat16
+    # conditions badly may be far from eager's and still closer to the truth (H100: 22's input
+    # gradient differed from eager's by 0.11 where the gate, against float64, passed).
+    got = _grads(variant, copy.deepcopy(model), x, cotangent)
+    eager = _grads(EagerVariant("bf16"), copy.deepcopy(model), x, cotangent)
+    exact = _grads(lambda m, v: m(v), copy.deepcopy(model).double(), x.double(), cotangent.double())
     tol = prob.tolerance("bf16")
-    for name, value in {"output": (got_out, want_out), **{n: (got[n], want[n]) for n in want}}.items():
-        a, b = value
-        if b is None:
+    for name, want in exact.items():
+        if want is None or name in prob.invariant_parameters(mode):
             continue
-        assert a is not None and a.dtype == torch.bfloat16, name
-        error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-        assert error <= 2 * tol.rel_l2 or name in prob.invariant_parameters(mode), (name, error)
+        assert got[name] is not None and got[name].dtype == torch.bfloat16, name
+        error, eager_error = _relative(got[name], want), _relative(eager[name], want)
+        assert error <= max(2 * tol.rel_l2, 2 * eager_error), (name, error, eager_error)
 
 
 @pytest.mark.gpu

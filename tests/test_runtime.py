@@ -72,6 +72,15 @@ def test_no_entry_runs_the_reference_and_warns_once_per_key(caplog):
     assert "autograd=false" in warnings[0] and "autograd=true" in warnings[1], warnings
 
 
+def test_a_bfloat16_models_miss_names_the_tune_that_fills_it(caplog):
+    """The hint a miss prints tunes the key that missed: a bfloat16 model's needs --dtype bfloat16."""
+    module = module_for("matmul_gelu_softmax", precision="bf16").bfloat16()
+    with caplog.at_level(logging.WARNING, logger="autofuse"), torch.no_grad():
+        module(torch.randn(B, IN, dtype=torch.bfloat16))
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "autofuse"]
+    assert "--dtype bfloat16 --precision bf16" in warning, warning
+
+
 def test_nearest_batch_entry_serves_another_batch():
     record("gemm_avgpool_gelu_residual", 64, IN, OUT, autograd=True)
     info = module_for("gemm_avgpool_gelu_residual").dispatch_info(torch.randn(50, IN))

@@ -302,7 +302,9 @@ class Dispatcher:
             call, info = self._reference("unusable entry: reference")
             return call, {**info, "passed_over": passed_over_before(passed_over, None) + unusable}
         mode = f" --mode {dkey.mode}" if dkey.mode != "any" else ""
-        hint = f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)} --precision {self.precision}{mode}"
+        dtype = f" --dtype {dkey.dtype}" if dkey.dtype != "float32" else ""
+        hint = (f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)}{dtype} --precision "
+                f"{self.precision}{mode}")
         self._say(f"no tuned entry for {where} on {fingerprint}; running the reference. To tune it: {hint}")
         return self._reference("no entry: reference")
 

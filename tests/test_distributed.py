@@ -37,7 +37,7 @@ def knobs(monkeypatch):
 def _tune(shape: str, storage: str, table, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autofuse.cli", "tune", PROBLEM, "--device", "cpu", "--shape", shape,
                              "--storage", storage, "--table", str(table), "--variants", VARIANTS, "--no-progress",
-                             "--no-autograd-entry", *extra],
+                             "--no-autograd-entry", "--no-batch-classes", *extra],  # one entry per table
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -196,7 +196,7 @@ def test_tune_a_file_then_dispatch_and_export_to_kernelbench(conv_plugin, tmp_pa
     table = tmp_path / "table.json"
     assert main(["tune", str(CONV), "--device", "cpu", "--trials", "2", "--variants", "functional,no_relu",
                  "--table", str(table), "--no-progress", "--seed", "3", "--no-autograd-entry",
-                 "--budget", "full"]) == 0  # full: no_relu meets the gate whatever its time
+                 "--budget", "full", "--no-batch-classes"]) == 0  # full: no_relu meets the gate whatever its time
     out = capsys.readouterr().out
     assert "winner: functional" in out and "incorrect" in out  # no_relu failed the gate
     [(shape, entries)] = json.loads(table.read_text())["devices"].popitem()[1]["problems"]["kb_conv2d_relu_biasadd"].items()

@@ -184,7 +184,9 @@ def _print_result(result) -> None:
     else:
         print(f"table: {result.table_path}")
     first = f"; first entry after {result.first_entry_s:.0f} s" if result.first_entry_s is not None else ""
-    print(f"tuned in {result.seconds:.0f} s{first}; what the candidates printed: {result.log_path}")
+    entries = ("" if result.entries_s is None else f" (its entries after {result.entries_s:.0f} s, its batch "
+               f"classes {result.seconds - result.entries_s:.0f} s more)")
+    print(f"tuned in {result.seconds:.0f} s{entries}{first}; what the candidates printed: {result.log_path}")
 
 
 def _timed(row):

@@ -25,6 +25,8 @@ def test_tune_then_show(tmp_path, capsys):
                  "--table", table, "--no-progress", "--seed", "2"]) == 0
     out = capsys.readouterr().out
     assert "winner:" in out and "outcome" in out and "eager" in out
+    # The wall time splits into the key's own entries and its batch classes (1, 10): what each cost.
+    assert "its batch classes" in out.split("tuned in ")[1], out
     assert json.load(open(table))["schema"] == "autofuse-dispatch-table"
     assert main(["show", "--table", table]) == 0
     shown = capsys.readouterr().out

@@ -63,6 +63,7 @@ class TuneResult:
     seconds: float = 0.0  # wall time of this key's tune
     first_entry_s: float | None = None  # seconds until a provisional entry was written, if one was
     log_path: str | None = None  # what the candidates printed
+    entries_s: float | None = None  # with batch classes: seconds until the key's own entries were written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,12 +243,14 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
         for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
         rescue = _record(table, fingerprint, prob, shape, key, winner, grad_winner)
+    entries_s = None  # with batch classes: when the key's own entries were written, before the classes' work
     if plan.batch_classes and winner is not None and prob.batch_dim is not None:
+        entries_s = time.monotonic() - started
         items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
                                     batch_classes.Searched(results, spaces, name, kept), label)
         _record_items(table, items, rescue)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
-                      time.monotonic() - started, provisional.first_s, job.log)
+                      time.monotonic() - started, provisional.first_s, job.log, entries_s)
 
 
 class _Provisional:

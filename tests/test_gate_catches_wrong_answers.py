@@ -290,3 +290,14 @@ def test_right_answers_in_bfloat16_return_bfloat16(problem, name):
     cases = check_cases(prob, _shape(problem), 321)
     result = check_variant(registry.get_variant(problem, name)("bf16"), prob, cases, "cpu", dtype=torch.bfloat16)
     assert result.ok, result.reason
+
+
+def test_the_plugin_conformance_kit_catches_a_split_without_a_range_check():
+    """``autofuse.testing``'s cases hold the wide rows too: a plugin's emulated float32 that cannot
+    carry them fails its own conformance tests, not first the tuner's gate."""
+    from autofuse.testing import conformance_cases
+
+    SplitFp16WithoutRangeCheck.problem = "matmul_gelu_softmax"
+    cases = conformance_cases("matmul_gelu_softmax", seed=5)
+    result = check_variant(SplitFp16WithoutRangeCheck("fp32"), registry.get_problem("matmul_gelu_softmax"), cases, "cpu")
+    assert not result.ok and " wide " in result.reason, result.reason

@@ -46,6 +46,12 @@ def assert_close(got, want, tol=None, *, atol=0.0, rtol=0.0, what="output", show
         assert rel <= tol.rel_l2, f"{what}: relative L2 error {rel:.3g} > {tol.rel_l2:g}"
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ in float64 (a zero ``want`` counts as a tiny one, not a division by zero)."""
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
 def sizes(problem, batch, n_in, n_out):
     return dict(zip(registry.get_problem(problem).dims, (batch, n_in, n_out)))
 

@@ -13,6 +13,7 @@ import copy
 
 import pytest
 import torch
+from helpers import relative_error
 
 from autofuse.core import registry
 from autofuse.core.variant import EagerVariant
@@ -52,11 +53,6 @@ def _grads(run, model, x, cotangent) -> dict:
     return {"output": out.detach(), "input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
 
 
-def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.double()
-    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("problem", PROBLEMS)
@@ -85,7 +81,7 @@ def test_triton_bfloat16_model_at_a_default_shape_is_as_close_to_float64_as_eage
         if want is None or name in prob.invariant_parameters(mode):
             continue
         assert got[name] is not None and got[name].dtype == torch.bfloat16, name
-        error, eager_error = _relative(got[name], want), _relative(eager[name], want)
+        error, eager_error = relative_error(got[name], want), relative_error(eager[name], want)
         assert error <= max(2 * tol.rel_l2, 2 * eager_error), (name, error, eager_error)
 
 

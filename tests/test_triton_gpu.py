@@ -15,6 +15,7 @@ tests/test_runtime.py checks the dispatcher keeps to that), and here they are ch
 
 import pytest
 import torch
+from helpers import relative_error
 
 from autofuse.core import registry
 from autofuse.kernels.triton.variant import OPERANDS
@@ -70,10 +71,6 @@ def test_every_triton_operand_path_passes_the_gate_at_odd_batches(problem, preci
 WIDE_SIZES = ((1, 1024, 768), (37, 1000, 777), (512, 1024, 768))
 
 
-def _relative(got: torch.Tensor, exact: torch.Tensor) -> float:
-    return ((got.double() - exact).norm() / exact.norm()).item()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["persistent-tma", "grid-pointers"])
 def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
@@ -109,8 +106,8 @@ def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
             if exact.norm() == 0:
                 continue
             with math_mode("ieee"):
-                floor = _relative(a @ b, exact)
-            error = _relative(got, exact)
+                floor = relative_error(a @ b, exact)
+            error = relative_error(got, exact)
             if not error <= max(2 * floor, 2.0 ** -20):
                 failures.append(f"{(m, n, k)} {side} rows ({span}) x{ratio:.0e} zeroed={zeroed}: {name} {error:.3g} "
                                 f"> 2x cuBLAS fp32's {floor:.3g} and 2^-20")

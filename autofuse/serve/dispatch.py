@@ -180,11 +180,10 @@ def _of_batch_classes(entry: dict) -> bool:
 
 def gated_around(entry: dict, batch: int) -> bool:
     """Whether the entry's configuration passed the gate at ``batch``, or at batches on either side
-    of it (``gated_batches``; a table without them: False)."""
+    of it (``gated_batches``; a table without them: False). For entries ``candidates`` found, which
+    ``bad_entry`` has checked: their ``gated_batches`` are None or a list of batch sizes."""
     gated = entry.get("gated_batches")
-    if not isinstance(gated, list) or not gated or not all(_batch_size(b) for b in gated):
-        return False
-    return min(gated) <= batch <= max(gated)
+    return bool(gated) and min(gated) <= batch <= max(gated)
 
 
 def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: str) -> str | None:

@@ -722,7 +722,7 @@ def bf16_model_serving(tmp: str) -> list[str]:
         want, _ = prob.reference(plain.bfloat16().train(module.training), x)
         with torch.no_grad():
             info, out = module.dispatch_info(x), module(x)
-        error = ((out.double() - want).norm() / want.norm()).item()
+        error = err_of(out, want)
         print(problem, "bfloat16 get_module:", info["variant"], info["source"], out.dtype, f"{error:.3g}", flush=True)
         if info["variant"] != "triton" or out.dtype != torch.bfloat16 or not error < prob.tolerance("bf16").rel_l2:
             failures.append(f"{problem}: a bfloat16 get_module ran {info}, returned {out.dtype}, error {error:.3g}")

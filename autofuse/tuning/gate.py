@@ -16,6 +16,7 @@ On well-conditioned inputs the floor is far below the tolerance, which then deci
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from collections.abc import Mapping
@@ -64,18 +65,53 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
     return cases + [CheckCase(dict(shape), "wide", seed + 4, randomize=True)]
 
 
+# Pristine models of recent cases, by what draws them (``_model_key``), with the generators' states
+# after the draw. A batch class's cases differ from the tuned shape's in the batch alone, and the
+# weights do not depend on it: drawing an 8192² weight took 0.2-0.5 s on the CPU of an H100 host,
+# which was half of a key's batch classes (87 of 175 s for 99, fp32; .devtools-style profile in the
+# commit that added this). A hit deep-copies the model and restores the states, so the case is the
+# one a miss would build, bit for bit.
+_MODELS: collections.OrderedDict = collections.OrderedDict()
+MODELS_KEPT = 6
+
+
 def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
     """The model and input of a case, identical for every variant checked on it."""
     generator = torch.Generator().manual_seed(case.seed)
     args, kwargs = problem.check_init_args(case.shape, case.distribution)
-    torch.manual_seed(case.seed)  # default init draws from the global generator
-    model = problem.model(*args, **kwargs)
-    if case.randomize:
-        problem.randomize_parameters(model, generator, case.distribution)
-    model.train(mode != "eval")
-    model = model.to(device=device, dtype=dtype)
+    key = _model_key(problem, args, kwargs, case, device, dtype, mode)
+    held = _MODELS.get(key) if key is not None else None
+    if held is not None:
+        _MODELS.move_to_end(key)
+        pristine, generator_state, global_state = held
+        model = copy.deepcopy(pristine)
+        generator.set_state(generator_state)
+        torch.set_rng_state(global_state)
+    else:
+        torch.manual_seed(case.seed)  # default init draws from the global generator
+        model = problem.model(*args, **kwargs)
+        if case.randomize:
+            problem.randomize_parameters(model, generator, case.distribution)
+        model.train(mode != "eval")
+        model = model.to(device=device, dtype=dtype)
+        if key is not None:
+            _MODELS[key] = (copy.deepcopy(model), generator.get_state(), torch.get_rng_state())
+            while len(_MODELS) > MODELS_KEPT:
+                _MODELS.popitem(last=False)
     x = problem.make_input(case.shape, case.distribution, generator, device=device, dtype=dtype)
     return model, x
+
+
+def _model_key(problem, args, kwargs, case, device, dtype, mode) -> tuple | None:
+    """What a case's model is drawn from (the init arguments, not the batch), or None where that
+    cannot be a key (an unhashable init argument)."""
+    key = (problem.name, id(type(problem)), args, tuple(sorted(kwargs.items())), case.distribution, case.seed,
+           case.randomize, str(torch.device(device)), dtype, mode)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def floor_output(model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor:
@@ -165,6 +201,9 @@ class PreparedCase:
     ref: torch.Tensor
     ref_model: nn.Module
     floor: torch.Tensor
+    # Per (precision, mode): the cotangent and the float64 and floor gradients (``check_gradients``),
+    # the same for every candidate checked on the case.
+    gradients: dict = dataclasses.field(default_factory=dict)
 
 
 def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> PreparedCase:
@@ -240,10 +279,12 @@ def _check_side_effects(problem, model, ref_model, x, x_before, params_before, t
 def _check_after_update(variant, problem, model, x, tol) -> str | None:
     """After an in-place parameter update (an optimizer step), the output must follow it:
     weights a variant folded and cached must be recomputed."""
-    generator = torch.Generator().manual_seed(0)
+    generators = {}  # drawn where the parameter lives: an 8192² draw took 0.3 s on an H100 host's CPU
     with torch.no_grad():
         for param in model.parameters():
-            noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+            generator = generators.get(param.device) or generators.setdefault(
+                param.device, torch.Generator(param.device).manual_seed(0))
+            noise = torch.randn(param.shape, generator=generator, device=param.device).to(param.dtype)
             spread = param.detach().float().std() if param.numel() > 1 else torch.ones(())
             param.add_(noise * (spread.nan_to_num(1.0) + 0.1).to(param.device, param.dtype))
     ref, _ = problem.reference(model, x)
@@ -269,13 +310,8 @@ def _check_no_alias(variant, model, x, out) -> str | None:
 def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, mode: str) -> tuple[float, str | None]:
     """Gradients of a random cotangent w.r.t. the input and every parameter, against float64."""
     tol = problem.tolerance(variant.precision)
-    generator = torch.Generator().manual_seed(prepared.case.seed + 7)
-    cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
-    kinked = problem.rows_on_a_kink(prepared.model, prepared.x, variant.precision)
-    if kinked is not None:
-        cotangent[kinked.to(cotangent.device)] = 0.0  # their gradient is either side's (``rows_on_a_kink``)
-    if prepared.case.distribution == "wide":  # the backward's split columns: see ``quiet_wide_cotangent``
-        problem.quiet_wide_cotangent(cotangent)
+    held = prepared.gradients.get((variant.precision, mode))
+    cotangent = held[0] if held is not None else _cotangent(problem, prepared, variant.precision)
 
     def grads(run, model, dtype):
         # The backward under the precision's math mode too, as a user training at that precision
@@ -293,8 +329,11 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     got = grads(variant, copy.deepcopy(prepared.model), prepared.x.dtype)
     if got is None:
         return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
-    want = grads(lambda m, x: m(x), problem.reference_model(prepared.model), torch.float64)
-    floor = grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), prepared.x.dtype)
+    if held is None:  # the float64 and floor backward, once per case: a tune checks many candidates on it
+        held = (cotangent, grads(lambda m, x: m(x), problem.reference_model(prepared.model), torch.float64),
+                grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), prepared.x.dtype))
+        prepared.gradients[(variant.precision, mode)] = held
+    _, want, floor = held
     worst = 0.0
     invariant = problem.invariant_parameters(mode)
     for name, expected in want.items():
@@ -311,3 +350,16 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
         if reason is not None:
             return worst, f"gradient of {name}: {reason}"
     return worst, None
+
+
+def _cotangent(problem: Problem, prepared: PreparedCase, precision: str) -> torch.Tensor:
+    """The case's random cotangent, zero on rows at a kink and, on the wide case, where outliers
+    would hide the backward's losses."""
+    generator = torch.Generator().manual_seed(prepared.case.seed + 7)
+    cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
+    kinked = problem.rows_on_a_kink(prepared.model, prepared.x, precision)
+    if kinked is not None:
+        cotangent[kinked.to(cotangent.device)] = 0.0  # their gradient is either side's (``rows_on_a_kink``)
+    if prepared.case.distribution == "wide":  # the backward's split columns: see ``quiet_wide_cotangent``
+        problem.quiet_wide_cotangent(cotangent)
+    return cotangent

@@ -1,0 +1,76 @@
+"""What the gate builds once and reuses must be what it would build again.
+
+A batch class's cases differ from the tuned shape's in the batch alone, so ``build_case`` keeps
+the models it drew (``gate._MODELS``) and the gradient check keeps each case's float64 and floor
+gradients (``PreparedCase.gradients``). Reused, each must equal a fresh build bit for bit, and a
+wrong candidate checked after a right one on the same cache must still fail.
+"""
+
+import pytest
+import torch
+from test_gate_catches_wrong_answers import SplitBackwardWithoutRangeCheck
+
+from autofuse.core import registry
+from autofuse.tuning import gate
+from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
+
+
+def fresh(problem, case, mode):
+    """``build_case`` with nothing kept from earlier cases."""
+    gate._MODELS.clear()
+    built = build_case(problem, case, "cpu", torch.float32, mode)
+    return built, torch.get_rng_state()
+
+
+@pytest.mark.parametrize("distribution,randomize", [("rand", False), ("randn", True), ("large", True), ("wide", True)])
+@pytest.mark.parametrize("problem_name,mode", [("gemm_bn", "train"), ("matmul_gelu_softmax", "any")])
+def test_a_batch_class_gets_the_case_a_fresh_build_would(problem_name, mode, distribution, randomize):
+    problem = registry.get_problem(problem_name)
+    tuned = {"batch_size": 64, "in_features": 48, "out_features": 40}
+    rung = {**tuned, "batch_size": 9}
+    build_case(problem, CheckCase(tuned, distribution, 11, randomize), "cpu", torch.float32, mode)  # kept
+    kept_model, kept_x = build_case(problem, CheckCase(rung, distribution, 11, randomize), "cpu", torch.float32, mode)
+    kept_rng = torch.get_rng_state()
+    (model, x), rng = fresh(problem, CheckCase(rung, distribution, 11, randomize), mode)
+    assert torch.equal(kept_x, x)
+    assert kept_model.training == model.training
+    for (name, a), (_, b) in zip(kept_model.state_dict().items(), model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(kept_rng, rng)  # what draws from the global generator next sees the same state
+
+
+def test_a_kept_model_is_a_copy():
+    """A caller may train the model it gets (BatchNorm's running statistics move): the next case
+    must still start from the drawn one."""
+    problem = registry.get_problem("gemm_bn")
+    case = CheckCase({"batch_size": 16, "in_features": 24, "out_features": 20}, "randn", 3, True)
+    model, x = build_case(problem, case, "cpu", torch.float32, "train")
+    with torch.no_grad():
+        model.gemm.weight.add_(1.0)
+        model(x)
+    again, _ = build_case(problem, case, "cpu", torch.float32, "train")
+    (drawn, _), _ = fresh(problem, case, "train")
+    for (name, a), (_, b) in zip(again.state_dict().items(), drawn.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_gradients_kept_from_a_right_candidate_still_fail_a_wrong_one(monkeypatch):
+    """The float64 and floor gradients are computed once per case; the decoy checked after eager
+    on the same cache is judged against them and fails on the wide case, as on its own."""
+    problem = registry.get_problem("matmul_gelu_softmax")
+    shape = {"batch_size": 64, "in_features": 256, "out_features": 192}
+    cases = check_cases(problem, shape, seed=321)
+    calls = []
+    reference_model = type(problem).reference_model
+    monkeypatch.setattr(type(problem), "reference_model", lambda self, model: calls.append(1) or reference_model(self, model))
+    cache = {}
+    eager = registry.get_variant(problem.name, "eager")("fp32")
+    assert check_variant(eager, problem, cases, "cpu", mode="any", autograd=True, cache=cache).ok
+    first = len(calls)
+    assert check_variant(eager, problem, cases, "cpu", mode="any", autograd=True, cache=cache).ok
+    # The second candidate computes one float64 model: the after-update check's, whose weights it moved.
+    assert len(calls) - first == 1 and first > len(cases) + 1
+    SplitBackwardWithoutRangeCheck.problem = problem.name
+    result = check_variant(SplitBackwardWithoutRangeCheck("fp32"), problem, cases, "cpu", mode="any", autograd=True,
+                           cache=cache)
+    assert not result.ok and " wide " in result.reason and "gradient of" in result.reason, result.reason

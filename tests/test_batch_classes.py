@@ -52,7 +52,7 @@ def test_a_small_rung_races_small_tiles_and_a_restricted_winner_its_stricter_pre
                                             "tf32", budget, autograd=False)
         small = batch_classes.rung_candidates(ladder, prob, {**TUNED, "batch_size": 1}, "cpu", "tf32", budget)
         large = batch_classes.rung_candidates(ladder, prob, {**TUNED, "batch_size": 512}, "cpu", "tf32", budget)
-        assert small[0].params == tf32 and small[0].precision is None  # the winner first: always gated
+        assert small[0].params == tf32 and small[0].precision is None  # the winner first
         stricter = [c for c in small if c.precision is not None]
         assert [(c.variant, c.precision) for c in stricter] == [("triton", "fp32")]
         assert triton_variant.OPERANDS[stricter[0].params["operands"]][0] == "fp32"
@@ -148,8 +148,11 @@ def batch_decoys(monkeypatch):
 
 def test_a_variant_wrong_only_at_batch_one_never_serves_batch_one(batch_decoys, tmp_path):
     """It wins at 16 and at the rungs 8 and 32; at 1 the gate runs and fails it, and eager's rung
-    entry serves. Without batch classes the entry at 16 would have served batch 1 (checked too)."""
-    kwargs = dict(device="cpu", seed=3, variants=["wrong_at_batch_one", "eager"], autograd_entry=False, progress=False)
+    entry serves. Without batch classes the entry at 16 would have served batch 1 (checked too).
+    The full budget gates every candidate: under quick a decoy no faster than eager may go ungated
+    on the CPU's noisy microseconds, and this is about what serves batch 1."""
+    kwargs = dict(device="cpu", seed=3, variants=["wrong_at_batch_one", "eager"], autograd_entry=False, progress=False,
+                  budget="full")
     [result] = autofuse.tune("matmul_gelu_softmax", TUNED, table=tmp_path / "t.json", **kwargs)
     assert result.winner["variant"] == "wrong_at_batch_one" and result.winner["gated_batches"] == [8, 16, 32]
     entries = entries_by_batch(tmp_path / "t.json")
@@ -175,6 +178,68 @@ def test_a_variant_wrong_only_at_batch_one_never_serves_batch_one(batch_decoys, 
     old = autofuse.get_module("matmul_gelu_softmax", 48, 40, table=tmp_path / "old.json")
     with torch.no_grad():
         assert old.dispatch_info(x)["variant"] == "wrong_at_batch_one"  # what the rungs prevent
+
+
+class ScriptedWorker:
+    """A worker whose candidates take the times and gate verdicts a test gives them, by variant name;
+    it records what it was asked (gated or timed only)."""
+
+    def __init__(self, times: dict, wrong=(), broken=()):
+        self.times, self.wrong, self.broken, self.asked = times, set(wrong), set(broken), []
+
+    def call(self, op, payload, timeout):
+        from autofuse.tuning.outcome import Outcome, TrialResult
+        from autofuse.tuning.timing import Timing
+
+        if op == "retime":
+            job, candidates, rounds = payload
+            return {c.label(): self._timing(c.variant) for c in candidates}
+        job, candidate, reach, *gate = payload
+        gate = gate[0] if gate else True
+        self.asked.append((candidate.variant, "gate" if gate else "time"))
+        if candidate.variant in self.broken:
+            return TrialResult(Outcome.RUNTIME_FAILED, "it crashed")
+        timing = self._timing(candidate.variant)
+        if not gate:
+            return TrialResult(Outcome.OUT_OF_REACH, "timed only", timing=timing)
+        if candidate.variant in self.wrong:
+            return TrialResult(Outcome.INCORRECT, "wrong", 1.0)
+        return TrialResult(Outcome.OK, None, 1e-7, timing)
+
+    def _timing(self, variant):
+        from autofuse.tuning.timing import Timing
+
+        t = self.times[variant]
+        return Timing(t, t, t, 10)
+
+
+def race(worker, names, budget="quick"):
+    from autofuse.tuning.outcome import Candidate, Job
+
+    job = Job("matmul_gelu_softmax", dict(TUNED), "cpu", "float32", "fp32", "any", 0)
+    candidates = [Candidate(name, {}) for name in names]
+    return batch_classes.run_rung(job, candidates, worker, 60.0, BUDGETS[budget])
+
+
+def test_a_quick_rung_times_all_then_gates_the_fastest_first():
+    """The winner's configuration comes first but is slow here: eager, fastest, is gated first, and
+    a candidate beyond the reach of eager's time is never gated. A fastest candidate that fails the
+    gate hands the turn to the next; one that crashed is recorded as it crashed."""
+    worker = ScriptedWorker({"triton": 1.9, "simplified": 0.24, "eager": 0.21})
+    result = race(worker, ["triton", "simplified", "eager"])
+    assert [a for a in worker.asked if a[1] == "gate"] == [("eager", "gate"), ("simplified", "gate")]
+    assert [r.result.outcome.value for r in result.rows] == ["out_of_reach", "ok", "ok"]
+    assert "beyond the gated best's reach" in result.rows[0].result.reason
+    assert result.entry["variant"] == "eager" and result.passed == {"eager[]", "simplified[]"}
+
+    worker = ScriptedWorker({"triton": 0.1, "simplified": 0.24, "eager": 0.21}, wrong={"triton"}, broken={"cuda_tiled"})
+    result = race(worker, ["triton", "cuda_tiled", "simplified", "eager"])
+    assert [a for a in worker.asked if a[1] == "gate"] == [("triton", "gate"), ("eager", "gate"), ("simplified", "gate")]
+    assert [r.result.outcome.value for r in result.rows] == ["incorrect", "runtime_failed", "ok", "ok"]
+
+    worker = ScriptedWorker({"triton": 1.9, "simplified": 0.24, "eager": 0.21})
+    race(worker, ["triton", "simplified", "eager"], budget="full")  # every candidate gated, in order
+    assert worker.asked == [("triton", "gate"), ("simplified", "gate"), ("eager", "gate")]
 
 
 def test_a_rerun_with_nothing_new_measures_no_rung_again(tmp_path, monkeypatch):

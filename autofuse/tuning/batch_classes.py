@@ -7,8 +7,9 @@ So after the search at B, each "rung" of the ladder (the problem's smallest batc
 below B, and 2B: ``rung_batches``) races a handful of candidates at that batch: the winner's
 configuration first, the study's next fastest, small-tile seeds below ``SMALL_BATCH`` (the
 variant's ``small_batch_seeds``), the simplest variants, and, where the winner's operands pass
-only where gated, its variant at the next stricter precision. Each is gated and timed at the rung's
-shape exactly as a trial is (``evaluate``), the best few re-timed against eager (``choose``), and
+only where gated, its variant at the next stricter precision. Each is timed at the rung's shape,
+then gated fastest first as a trial is (``evaluate``; under ``quick`` only within reach of the best
+gated, ``run_rung``), the best few re-timed against eager (``choose``), and
 the choice becomes an ordinary table entry at batch b marked ``rung_of`` B. A batch between rungs
 is served by the nearest entries (``autofuse.serve.dispatch``); an entry restricted to where it was
 gated serves only inside the batches its exact configuration passed (``gated_batches``).
@@ -65,7 +66,7 @@ def rung_shape(problem: Problem, shape: dict, batch: int) -> dict:
 class Ladder:
     """What every rung of one key races, besides its own small-batch seeds."""
 
-    winner: Candidate  # the winner at B: raced first, so it is always gated
+    winner: Candidate  # the winner at B
     runners_up: list[Candidate]  # the study's next fastest at B
     simplest: list[Candidate]  # eager and simplified: a rung always has a gated entry
     stricter: Candidate | None  # the winner's variant at the next stricter precision, where it is restricted
@@ -93,7 +94,8 @@ def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spa
 
 def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,
                     budget: Budget) -> list[Candidate]:
-    """What the rung at ``shape`` races, each valid there and once: the winner first."""
+    """What the rung at ``shape`` races, each valid there and once: the winner first (gated first
+    where timings tie, and always under the ``full`` budget)."""
     device_type = torch.device(device).type
     variants = registry.variants(problem.name)
     seeds = []
@@ -134,23 +136,45 @@ class RungResult:
 
 def run_rung(job: Job, candidates: list[Candidate], worker, trial_timeout: float, budget: Budget,
              on_candidate=None) -> RungResult:
-    """Gate and time each candidate at ``job``'s shape (the first always gated, the rest only within
-    the budget's reach of the best gated so far), then re-time the best few against eager and choose."""
+    """Race ``candidates`` at ``job``'s shape: time each, then gate them fastest first, each only
+    within the budget's reach of the best gated so far (every one, in order, where the reach is
+    infinite); then re-time the best few against eager and choose. Timing first spends the gate,
+    most of a candidate's seconds, where it can matter: at small batches a fused training step
+    can trail eager's far (gemm_bn train at batch 64, H100: 1.9 ms of mostly host time against
+    0.21), and its gradient check cost 10-24 s a rung."""
     variants = registry.variants(job.problem)
-    rows, passed, best = [], set(), None
-    for candidate in candidates:
-        reach = None if best is None or math.isinf(budget.reach) else budget.reach * best
-        result = worker.call("evaluate", (job, candidate, reach), trial_timeout)
+    if math.isinf(budget.reach):
+        order, first = list(range(len(candidates))), [None] * len(candidates)
+    else:
+        first = [worker.call("evaluate", (job, c, None, False), trial_timeout) for c in candidates]
+        order = sorted(range(len(candidates)), key=lambda i: _timed_ms(first[i]))
+    results, passed, best = [None] * len(candidates), set(), None
+    for i in order:
+        candidate, timed = candidates[i], first[i]
+        if timed is not None and timed.outcome is not Outcome.OUT_OF_REACH:  # it failed before any gate
+            result = timed
+        elif timed is not None and best is not None and timed.timing.median_ms > budget.reach * best:
+            result = dataclasses.replace(timed, reason=f"{timed.timing.median_ms:.4g} ms, beyond the gated best's "
+                                         f"reach ({budget.reach * best:.4g} ms): not gated")
+        else:
+            result = worker.call("evaluate", (job, candidate, None), trial_timeout)
         if result.outcome is Outcome.OK:
             passed.add(candidate.label())
             best = result.timing.median_ms if best is None else min(best, result.timing.median_ms)
-        rows.append(Row(candidate.variant, variants[candidate.variant].rank(), candidate.params, result, 1,
-                        precision=candidate.precision))
+        results[i] = result
         if on_candidate is not None:
             on_candidate(candidate, result)
+    rows = [Row(c.variant, variants[c.variant].rank(), c.params, r, 1, precision=c.precision)
+            for c, r in zip(candidates, results)]
     autograd = bool(candidates) and candidates[0].autograd
     entry = choose(job, rows, worker, trial_timeout, autograd=autograd)
     return RungResult(job.shape[registry.get_problem(job.problem).batch_dim], entry, rows, passed)
+
+
+def _timed_ms(result) -> float:
+    """A time-only result's median, for ordering (a candidate that failed first sorts last)."""
+    timing = getattr(result, "timing", None)
+    return math.inf if result.outcome is not Outcome.OUT_OF_REACH or timing is None else timing.median_ms
 
 
 def gated_batches(label: str, tuned_batch: int | None, results: list[RungResult]) -> list[int]:

@@ -26,13 +26,15 @@ def _job_state(state: dict, job: Job) -> dict:
     return state
 
 
-def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None) -> TrialResult:
+def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None,
+             gate: bool = True) -> TrialResult:
     """Build and time one candidate at the job's shape, then check it against float64.
 
     Timed first: with ``reach_ms`` (the budget's reach of the best gated time so far), a
     candidate slower than that is recorded ``out_of_reach`` with its time and not gated, since
     it cannot be chosen; the gate (four cases, and another compile where a case's sizes
-    specialise the kernel anew) is most of a trial's time.
+    specialise the kernel anew) is most of a trial's time. ``gate=False`` stops after the timing
+    (``out_of_reach``, "timed only"): a caller that races a few candidates times them all first.
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
@@ -44,6 +46,8 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
         return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
     # Read after the first calls (the timing's warm-up, at the timed shape): they are the ones that compiled.
     compile_s = getattr(variant, "compile_seconds", None)
+    if not gate:
+        return TrialResult(Outcome.OUT_OF_REACH, "timed only", timing=timing, compile_s=compile_s)
     if reach_ms is not None and timing.median_ms > reach_ms:
         return TrialResult(Outcome.OUT_OF_REACH, f"{timing.median_ms:.4g} ms, beyond the gated best's reach "
                            f"({reach_ms:.4g} ms): not gated", timing=timing, compile_s=compile_s)

@@ -2,8 +2,10 @@
 
     python3 benchmarks/gpu/profile_step.py matmul_clamp_lse_mish --precision tf32 \
         [--mode train] [--variants triton,compiled,cublas_epilogue] [--table benchmarks/table.json] [--shape-index 1]
+        [--batch 64]
 
-At one of the problem's default shapes (KernelBench's inputs), each variant runs the training step
+At one of the problem's default shapes (KernelBench's inputs; ``--batch``: at another batch, with
+that shape's recorded parameters), each variant runs the training step
 the tuner and ``autofuse bench --step backward`` time (``autofuse.tuning.timed_call.training_call``) with the
 parameters its table record has for the autograd key (the entry's own if it won, else its
 ``candidates`` record), or its default configuration. Printed per variant: the kernels' device
@@ -79,18 +81,21 @@ def main():
     ap.add_argument("--variants", default="triton,compiled,cublas_epilogue")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--shape-index", type=int, default=0, help="which of the problem's default shapes")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="run at this batch instead (parameters still from the default shape's entry)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also profile the host over N steps per variant (cProfile, top functions by own time)")
     args = ap.parse_args()
     prob = registry.get_problem(args.problem)
-    shape = dict(prob.default_shapes[args.shape_index])
+    tuned = dict(prob.default_shapes[args.shape_index])
+    shape = tuned if args.batch is None else {**tuned, prob.batch_dim: args.batch}
     device = torch.device("cuda")
     mode = args.mode if prob.mode_sensitive else "any"
     steps = {}
     for name in args.variants.split(","):
         model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, torch.float32, args.mode)
         cls = registry.get_variant(args.problem, name)
-        params = recorded_params(args.table, args.problem, shape, mode, args.precision, name)
+        params = recorded_params(args.table, args.problem, tuned, mode, args.precision, name)
         params = cls.configs(shape, "cuda")[0] if params is None else params
         variant = cls(args.precision, **params)
         variant.build("cuda")

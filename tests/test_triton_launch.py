@@ -388,3 +388,23 @@ def test_the_kept_kernel_launches_for_real_on_the_gpu(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(hi, round_tf32(src)) and torch.equal(lo, round_tf32(src - hi))
     assert len(jit_runs) == 1, f"Triton {triton.__version__}: the launcher went back to the JIT path"
+
+
+def test_compiling_only_compiles_what_a_launch_would_and_launches_nothing(launcher, monkeypatch):
+    """``compiling_only`` (the tuner's parallel compiles, ``autofuse.tuning.prewarm``) hands the
+    launch's own arguments to Triton's warmup and launches nothing, a kept kernel included."""
+    from autofuse.kernels.triton import launch as triton_launch
+
+    launch, jit_calls, kernel = launcher
+    warmups, jit_run = [], launch.fn.run
+    monkeypatch.setattr(launch.fn, "run", lambda *args, grid, warmup, **kwargs: warmups.append(warmup)
+                        or jit_run(*args, grid=grid, warmup=warmup, **kwargs))
+    args = (torch.zeros(8), torch.zeros(8), torch.zeros(8), 8)
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)  # kept
+    with triton_launch.compiling_only():
+        launch[(2,)](*args, SPLIT=False, BLOCK=8)
+        launch[(2,)](*args, SPLIT=True, BLOCK=8)
+    assert warmups == [False, True, True] and kernel.launches == []
+    assert [c[2] for c in jit_calls[1:]] == [{"SPLIT": False, "BLOCK": 8}, {"SPLIT": True, "BLOCK": 8}]
+    launch[(1,)](*args, SPLIT=False, BLOCK=8)
+    assert len(kernel.launches) == 1  # outside it, the kept kernel launches again

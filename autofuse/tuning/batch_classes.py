@@ -30,11 +30,13 @@ from autofuse.core.variant import check_params
 from autofuse.errors import InputError, TableError
 from autofuse.serve.dispatch import bad_entry
 from autofuse.serve.table import fingerprint_key, shape_key
+from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
 from autofuse.tuning.outcome import Candidate, Job, Outcome
 from autofuse.tuning.progress import TrialProgress
+from autofuse.tuning.search import trial_shapes
 from autofuse.tuning.selection import Row, candidate_records, choose
 
 # Below this batch a rung also races small-tile configurations: the call is memory-bound (H100,
@@ -223,6 +225,12 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     if total == 0:
         return []
     items = []
+    # Every rung's new specializations (batches of 1 and not a multiple of 16, the small tiles)
+    # compile in parallel first; the autograd rungs' backward kernels compile in the worker.
+    prewarm.warm(prob.name, job.device, job.dtype, job.mode, job.precision,
+                 [(c.variant, c.params, shape) for entry, dkey, ladder, rungs in work if not dkey.autograd
+                  for at, candidates in rungs for c in candidates if c.precision is None
+                  for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)])
     with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress) as bar:
         for entry, dkey, ladder, rungs in work:
             done = []

@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from autofuse.core import registry
 from autofuse.kernels.build import build_many
+from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import BUDGETS, STALL_GAIN, Budget
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
@@ -165,7 +168,8 @@ def _tell(shared, trial, key, result: TrialResult, repeat: bool = False) -> None
 
 
 def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
-    """Compile the candidates' kernels in parallel; a failure is left for the worker to record."""
+    """Compile the candidates' kernels in parallel (nvcc's, then Triton's at each shape the trial
+    runs: ``prewarm``); a failure is left for the worker to record."""
     builds = []
     for name, config in candidates:
         variant = registry.get_variant(job.problem, name)(job.precision, **config)
@@ -175,3 +179,15 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
             continue
     if builds:
         build_many(builds)
+    prewarm.warm(job.problem, job.device, job.dtype, job.mode, job.precision,
+                 [(name, config, shape) for name, config in candidates for shape in trial_shapes(job, name, config)])
+
+
+def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:
+    """The shapes a trial runs ``config`` at: the job's (timed, and gated on three cases) and the
+    gate's odd-sized case where the configuration is valid there (``gate.check_variant``)."""
+    problem = registry.get_problem(job.problem)
+    odd = problem.odd_shape(job.shape)
+    cls = registry.get_variant(job.problem, variant)
+    device_type = torch.device(job.device).type
+    return [dict(job.shape)] + ([odd] if odd is not None and config in cls.configs(odd, device_type) else [])

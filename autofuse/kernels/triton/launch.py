@@ -45,6 +45,7 @@ other release, or where one of these is missing, ``Kernels`` hands out the ``JIT
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -69,6 +70,7 @@ else:
 log = logging.getLogger("autofuse")
 
 MAX_KEYS = 256  # keys per kernel before the cache starts over (a float that changes each call)
+_compile_only = False  # see ``compiling_only``
 KNOWN = ((3, 6), (3, 7), (3, 8), (3, 9))  # Triton releases whose internals were read against this module
 _said: set[str] = set()
 
@@ -97,6 +99,21 @@ def unsupported() -> str | None:
     if missing:
         return f"Triton {version} lacks what the launcher uses: {', '.join(missing)}"
     return None
+
+
+@contextlib.contextmanager
+def compiling_only():
+    """Within it, every ``Launcher`` compiles what a launch would run (``JITFunction.warmup``: the
+    same arguments, so the same specialization, into Triton's on-disk cache) and launches nothing:
+    a process can compile a candidate's kernels beside one that times others on the same GPU
+    (``autofuse.tuning.prewarm``). What the kernels would have written stays unwritten, a
+    variant's cached weight parts included: the variant run so is thrown away."""
+    global _compile_only
+    before, _compile_only = _compile_only, True
+    try:
+        yield
+    finally:
+        _compile_only = before
 
 
 def launcher_for(fn: JITFunction):
@@ -183,6 +200,9 @@ class Launcher:
         return values
 
     def run(self, grid, args: tuple, kwargs: dict) -> None:
+        if _compile_only:
+            self.fn.warmup(*args, grid=grid, **kwargs)
+            return
         runtime = knobs.runtime
         hooked = (self.fn.pre_run_hooks or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls
                   or getattr(runtime, "add_stages_inspection_hook", None) is not None)  # 3.7 on: part of the key

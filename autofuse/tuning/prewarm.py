@@ -1,0 +1,117 @@
+"""Compiling a batch's Triton kernels in parallel processes before the worker measures them.
+
+A Triton configuration compiles at its first call, in the worker, one at a time: 2-5 s each on
+an H100's host, and the gate's odd-sized case compiles another specialization, so on 99 at fp32
+about half of a search's seconds went to compiling one kernel after another. Before the worker
+measures a batch of trials (``autofuse.tuning.search``) or a batch class's candidates, ``warm``
+has a pool of processes run each Triton candidate once at the shapes it will run at, under
+``launch.compiling_only``: Triton compiles exactly what the launch would run into its on-disk
+cache, and nothing is launched, so the GPU the worker times is left alone. The worker's first
+call then loads the kernel instead of compiling it.
+
+Nothing depends on it: a candidate that fails here, a pool that breaks or a Triton whose launch
+internals autofuse does not know (``launch.unsupported``) leaves the compile to the worker, which
+records any failure as it always did. Off on the CPU (the interpreter compiles nothing) and with
+``AUTOFUSE_PREWARM=0``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+
+import torch
+
+from autofuse.core import registry
+
+# Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
+WAIT_S = 300.0
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+
+def jobs() -> int:
+    """Processes compiling at once: the host's cores less two (the tuner and its worker), at most 8."""
+    return max(1, min(8, (os.cpu_count() or 1) - 2))
+
+
+def enabled(device: str) -> bool:
+    return torch.device(device).type == "cuda" and os.environ.get("AUTOFUSE_PREWARM", "1") != "0"
+
+
+def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
+         candidates: list[tuple[str, dict, dict]]) -> None:
+    """Compile the Triton kernels of ``candidates`` ((variant, configuration, shape) each, one
+    process per candidate) and return when all are done, or after ``WAIT_S``."""
+    global _pool
+    variants = registry.variants(problem)
+    todo = [c for c in candidates if _is_triton(variants.get(c[0]))]
+    if not todo or not enabled(device) or _unsupported():
+        return
+    try:
+        if _pool is None:
+            _pool = concurrent.futures.ProcessPoolExecutor(jobs(), mp_context=multiprocessing.get_context("spawn"))
+        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, *c) for c in todo]
+        concurrent.futures.wait(futures, timeout=WAIT_S)
+    except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError):
+        _shutdown()  # a pool process died (or could not start): the worker compiles; a new pool next time
+
+
+def compile_candidate(problem: str, device: str, dtype: str, mode: str, precision: str, variant: str,
+                      params: dict, shape: dict) -> bool:
+    """In a pool process: run the candidate once at ``shape`` with nothing launched. Whether it
+    compiled (False: it raised, which the worker will meet and record itself)."""
+    from autofuse.core.precision import parse_dtype
+    from autofuse.kernels.triton.launch import compiling_only
+
+    try:
+        prob = registry.get_problem(problem)
+        model, x = _case(prob, shape, device, parse_dtype(dtype), mode)
+        candidate = registry.get_variant(problem, variant)(precision, **params)
+        candidate.build(device)
+        with compiling_only(), torch.no_grad():
+            candidate(model, x)
+        return True
+    except Exception:  # noqa: BLE001 - any failure is the worker's to record
+        return False
+
+
+_CASES: dict = {}
+
+
+def _case(prob, shape: dict, device: str, dtype, mode: str):
+    """A model and input at ``shape`` made on the device (their values do not matter: nothing
+    runs), kept for the process's next candidates."""
+    key = (prob.name, tuple(shape.items()), device, dtype, mode)
+    if key not in _CASES:
+        _CASES.clear()  # one shape's at a time: a model of 8192² is 256 MB of the GPU's memory
+        with torch.device(device):
+            model = prob.model(*prob.init_args(shape)).to(dtype)
+            model.train(mode != "eval")
+            x = prob.make_input(shape, "rand", torch.Generator(device).manual_seed(0), device=device, dtype=dtype)
+        _CASES[key] = (model, x)
+    return _CASES[key]
+
+
+def _is_triton(cls) -> bool:
+    from autofuse.kernels.triton.variant import TritonVariant
+
+    return cls is not None and issubclass(cls, TritonVariant)
+
+
+def _unsupported() -> str | None:
+    from autofuse.kernels.triton.variant import triton_missing
+
+    reason = triton_missing()
+    if reason is not None:
+        return reason
+    from autofuse.kernels.triton.launch import unsupported
+
+    return unsupported()
+
+
+def _shutdown() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None

@@ -1,0 +1,100 @@
+"""The tuner compiles a batch's Triton candidates in parallel before the worker measures them
+(``autofuse.tuning.prewarm``): at every shape a trial runs them at, never on the CPU, and
+nothing it does can change a result (a failure is the worker's to meet and record)."""
+
+import pytest
+import torch
+
+import autofuse
+from autofuse.core import registry
+from autofuse.kernels.triton import variant as triton_variant
+from autofuse.tuning import prewarm, search
+from autofuse.tuning.outcome import Job
+
+needs_triton = pytest.mark.skipif(triton_variant.triton_missing() is not None, reason="needs triton")
+SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
+
+
+def test_on_the_cpu_nothing_is_compiled_ahead():
+    prewarm._shutdown()
+    prewarm.warm("matmul_gelu_softmax", "cpu", "float32", "any", "fp32",
+                 [("triton", triton_variant.gemm_configs(48, "cpu")[0], SHAPE)])
+    assert prewarm._pool is None and not prewarm.enabled("cpu")
+
+
+def test_prewarm_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_PREWARM", "0")
+    assert not prewarm.enabled("cuda")
+
+
+def test_a_trial_runs_at_the_tuned_shape_and_the_gates_odd_one_where_its_configuration_is_valid():
+    problem = registry.get_problem("matmul_gelu_softmax")
+    job = Job(problem.name, SHAPE, "cpu", "float32", "fp32", "any", 0)
+    odd = problem.odd_shape(SHAPE)
+    configs = registry.get_variant(problem.name, "triton").configs(SHAPE, "cpu")
+    valid_at_odd = registry.get_variant(problem.name, "triton").configs(odd, "cpu")
+    for config in configs:
+        want = [SHAPE, odd] if config in valid_at_odd else [SHAPE]
+        assert search.trial_shapes(job, "triton", config) == want
+    assert search.trial_shapes(job, "eager", {}) == [SHAPE, odd]
+
+
+def test_a_failing_candidate_is_the_workers_to_record():
+    assert prewarm.compile_candidate("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", "triton",
+                                     {"block_m": -1}, SHAPE) is False
+
+
+@needs_triton
+def test_the_search_asks_for_each_triton_candidate_at_each_shape_before_measuring_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    asked = []
+    monkeypatch.setattr(prewarm, "warm", lambda problem, device, dtype, mode, precision, candidates:
+                        asked.append((problem, device, precision, list(candidates))))
+    [result] = autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=2, n_trials=3, variants=["triton", "eager"],
+                             autograd_entry=False, batch_classes=False, progress=False, table=tmp_path / "t.json")
+    job = Job("matmul_gelu_softmax", SHAPE, "cpu", "float32", "fp32", "any", 2)
+    shapes = {}
+    for _, device, precision, candidates in asked:
+        assert device == "cpu" and precision == "fp32"
+        for name, config, shape in candidates:
+            held = shapes.setdefault((name, str(config)), (name, config, []))[2]
+            held += [] if shape in held else [shape]  # a repeated suggestion is asked for again
+    tried = [row for row in result.rows if row.variant == "triton"]
+    assert tried and all((row.variant, str(row.params)) in shapes for row in tried)
+    for name, config, at in shapes.values():
+        assert at == search.trial_shapes(job, name, config)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kernel(monkeypatch, tmp_path):
+    """A configuration compiled by the pool is in Triton's cache before this process runs it, and
+    under ``compiling_only`` no kernel of the candidate runs (profiled); run after, it is right."""
+    from autofuse.kernels.triton.launch import compiling_only
+    from autofuse.tuning.gate import CheckCase, build_case
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # the pool's processes inherit it
+    prewarm._shutdown()
+    problem = registry.get_problem("matmul_gelu_softmax")
+    shape = {"batch_size": 37, "in_features": 264, "out_features": 200}
+    config = registry.get_variant(problem.name, "triton").configs(shape, "cuda")[0]
+    try:
+        prewarm.warm(problem.name, "cuda", "float32", "any", "fp32", [("triton", config, shape)])
+    finally:
+        prewarm._shutdown()
+    assert list((tmp_path / "triton").rglob("*.cubin")), "the pool compiled nothing into Triton's cache"
+
+    model, x = build_case(problem, CheckCase(shape, "randn", 4, True), "cuda", torch.float32, "any")
+    variant = registry.get_variant(problem.name, "triton")("fp32", **config)
+    variant.build("cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof, compiling_only(), \
+            torch.no_grad():
+        variant(model, x)
+        torch.cuda.synchronize()
+    ran = [e.key for e in prof.key_averages() if e.device_time_total > 0]
+    assert not any("gemm" in name or "parts" in name for name in ran), ran
+    fresh = registry.get_variant(problem.name, "triton")("fp32", **config)  # the first one kept W's unwritten parts
+    with torch.no_grad():
+        out = fresh(model, x)
+        want = registry.get_variant(problem.name, "eager")("fp32")(model, x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-6)

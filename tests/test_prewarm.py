@@ -17,8 +17,9 @@ SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
 
 def test_on_the_cpu_nothing_is_compiled_ahead():
     prewarm._shutdown()
-    prewarm.warm("matmul_gelu_softmax", "cpu", "float32", "any", "fp32",
-                 [("triton", triton_variant.gemm_configs(48, "cpu")[0], SHAPE)])
+    configs = triton_variant.gemm_configs(48, "cpu")[:2]
+    prewarm.start("cpu")
+    prewarm.warm("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", [("triton", c, SHAPE) for c in configs])
     assert prewarm._pool is None and not prewarm.enabled("cpu")
 
 
@@ -48,7 +49,7 @@ def test_a_failing_candidate_is_the_workers_to_record():
 def test_the_search_asks_for_each_triton_candidate_at_each_shape_before_measuring_it(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     asked = []
-    monkeypatch.setattr(prewarm, "warm", lambda problem, device, dtype, mode, precision, candidates:
+    monkeypatch.setattr(prewarm, "warm", lambda problem, device, dtype, mode, precision, candidates, log=None:
                         asked.append((problem, device, precision, list(candidates))))
     [result] = autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=2, n_trials=3, variants=["triton", "eager"],
                              autograd_entry=False, batch_classes=False, progress=False, table=tmp_path / "t.json")
@@ -77,9 +78,9 @@ def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kern
     prewarm._shutdown()
     problem = registry.get_problem("matmul_gelu_softmax")
     shape = {"batch_size": 37, "in_features": 264, "out_features": 200}
-    config = registry.get_variant(problem.name, "triton").configs(shape, "cuda")[0]
-    try:
-        prewarm.warm(problem.name, "cuda", "float32", "any", "fp32", [("triton", config, shape)])
+    config, other = registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
+    try:  # two: one alone is left to the worker
+        prewarm.warm(problem.name, "cuda", "float32", "any", "fp32", [("triton", config, shape), ("triton", other, shape)])
     finally:
         prewarm._shutdown()
     assert list((tmp_path / "triton").rglob("*.cubin")), "the pool compiled nothing into Triton's cache"

@@ -264,3 +264,43 @@ def test_a_provisional_entry_passes_the_replaced_entrys_records_on_to_the_final_
     final = table.lookup(fingerprint_key(fp), "matmul_gelu_softmax", "b=1", key)
     assert set(final["candidates"]) == {"eager", "cuda_tiled"}
     assert final["candidates"]["cuda_tiled"]["carried"] == "2026-11-01"
+
+
+class _FloorWorker:
+    def __init__(self, floor_ms):
+        self.floor_ms, self.asked = floor_ms, 0
+
+    def call(self, op, payload, timeout):
+        from autofuse.tuning.timing import Timing
+
+        assert op == "gemm_floor"
+        self.asked += 1
+        return Timing(self.floor_ms, self.floor_ms, self.floor_ms, 5)
+
+
+def test_a_candidate_bounded_by_cublas_is_not_built_where_that_gemm_alone_is_out_of_reach(with_compiled):
+    """torch.compile's default mode multiplies through cuBLAS: with cuBLAS's GEMM alone beyond the
+    quick budget's prune of the best gated time it is recorded out of reach, not built (its bound
+    as its time, asked of the worker once); within it, or under full, or for max-autotune, it is built."""
+    from autofuse.tuning import search
+    from autofuse.tuning.outcome import Job, Outcome, TrialResult
+    from autofuse.tuning.timing import Timing
+
+    job = Job("matmul_gelu_softmax", {"batch_size": 8, "in_features": 16, "out_features": 12}, "cpu", "float32",
+              "fp32", "any", 0)
+    progress = search._Progress(BUDGETS["quick"], None)
+    worker = _FloorWorker(2.6)
+    default = {"mode": "default", "dynamic": False}
+    assert search._beyond_the_gemm(progress, job, worker, "compiled", default, 60) is None  # no best yet
+    progress.best = (("triton", "x"), TrialResult(Outcome.OK, timing=Timing(0.76, 0.76, 0.76, 5)))
+    skipped = search._beyond_the_gemm(progress, job, worker, "compiled", default, 60)
+    assert skipped.outcome is Outcome.OUT_OF_REACH and skipped.timing.median_ms == 2.6
+    assert skipped.reason.startswith("not built")
+    assert search._beyond_the_gemm(progress, job, worker, "compiled", {"mode": "max-autotune", "dynamic": False}, 60) is None
+    assert search._beyond_the_gemm(progress, job, worker, "eager", {}, 60) is None  # built: cheap, and not marked
+    assert worker.asked == 1
+    progress.best = (("triton", "x"), TrialResult(Outcome.OK, timing=Timing(1.5, 1.5, 1.5, 5)))
+    assert search._beyond_the_gemm(progress, job, worker, "compiled", default, 60) is None  # 2.6 < 2 x 1.5
+    full = search._Progress(BUDGETS["full"], None)
+    full.best = progress.best
+    assert search._beyond_the_gemm(full, job, _FloorWorker(100.0), "compiled", default, 60) is None

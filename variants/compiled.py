@@ -66,6 +66,12 @@ class CompiledVariant(Variant):
         return [{"mode": mode, "dynamic": dynamic} for mode in MODES.get(device, ()) for dynamic in (False, True)]
 
     @classmethod
+    def bounded_by_gemm(cls, params):
+        # Inductor's default and reduce-overhead modes call cuBLAS for the GEMM (extern mm);
+        # max-autotune races its own GEMM templates against it.
+        return params.get("mode") in ("default", "reduce-overhead")
+
+    @classmethod
     def unavailable_reason(cls, device):
         if device == "cuda" and not _has_triton():
             return "torch.compile's inductor needs Triton on CUDA (pip install triton)"

@@ -119,6 +119,13 @@ class Variant:
         return cls.unavailable_reason(device)
 
     @classmethod
+    def bounded_by_gemm(cls, params: Mapping[str, Any]) -> bool:
+        """Whether a call in ``params`` multiplies through cuBLAS's GEMM at the precision, so it can
+        run no faster than that GEMM alone: where that alone is out of reach, a tuner need not
+        build it (``autofuse.tuning.search``; torch.compile's first call takes 15-20 s)."""
+        return False
+
+    @classmethod
     def rank(cls) -> int:
         return cls.complexity if cls.complexity is not None else KIND_COMPLEXITY[cls.kind]
 

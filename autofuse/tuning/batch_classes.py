@@ -230,7 +230,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     prewarm.warm(prob.name, job.device, job.dtype, job.mode, job.precision,
                  [(c.variant, c.params, shape) for entry, dkey, ladder, rungs in work if not dkey.autograd
                   for at, candidates in rungs for c in candidates if c.precision is None
-                  for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)])
+                  for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)], job.log)
     with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress) as bar:
         for entry, dkey, ladder, rungs in work:
             done = []

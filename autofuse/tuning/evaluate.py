@@ -8,7 +8,7 @@ called in-process too, which the tests do.
 from __future__ import annotations
 
 from autofuse.core import registry
-from autofuse.core.precision import parse_dtype
+from autofuse.core.precision import math_mode, parse_dtype
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
 from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
@@ -76,6 +76,26 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
     if any(c.autograd for c in candidates):
         calls[BASELINE + " +grad"] = _timed_call(state, job, EagerVariant(job.precision), True)
     return time_interleaved(calls, job.device, rounds=rounds)
+
+
+def gemm_floor(state: dict, job: Job) -> Timing | None:
+    """cuBLAS's GEMM alone on the timing case's x and W at the job's precision, operands already
+    in the GEMM's dtype (a lower bound of every call that multiplies through it:
+    ``Variant.bounded_by_gemm``); None where the problem's floor is not a GEMM."""
+    state = _job_state(state, job)
+    problem = registry.get_problem(job.problem)
+    if problem.floor != "gemm":
+        return None
+    _timed_call(state, job, EagerVariant(job.precision), False)  # makes the timing case
+    model, x = state["timing_case"]
+    weight = problem.linear_of(model).weight.detach()
+    if job.precision == "bf16":
+        x, weight = x.bfloat16(), weight.bfloat16()
+
+    def gemm():
+        with math_mode(job.precision):
+            return x @ weight.t()
+    return time_callable(gemm, job.device, budget_ms=min(job.budget_ms, 200.0))
 
 
 def _timed_call(state: dict, job: Job, variant, autograd: bool):

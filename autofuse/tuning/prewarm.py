@@ -20,10 +20,12 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import signal
 
 import torch
 
 from autofuse.core import registry
+from autofuse.tuning.worker import redirect_output
 
 # Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
 WAIT_S = 300.0
@@ -39,31 +41,71 @@ def enabled(device: str) -> bool:
     return torch.device(device).type == "cuda" and os.environ.get("AUTOFUSE_PREWARM", "1") != "0"
 
 
-def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
-         candidates: list[tuple[str, dict, dict]]) -> None:
-    """Compile the Triton kernels of ``candidates`` ((variant, configuration, shape) each, one
-    process per candidate) and return when all are done, or after ``WAIT_S``."""
+def start(device: str, log: str | None = None) -> None:
+    """Start the pool's processes without waiting for them (each imports torch and Triton and
+    opens a CUDA context: seconds), so they are ready when the search's second batch comes.
+    What they print goes to ``log`` (the key's, as the worker's does), and Ctrl-C is the
+    tuner's to answer (``worker``'s reasons)."""
     global _pool
-    variants = registry.variants(problem)
-    todo = [c for c in candidates if _is_triton(variants.get(c[0]))]
-    if not todo or not enabled(device) or _unsupported():
+    if _pool is not None or not enabled(device) or _unsupported():
         return
     try:
-        if _pool is None:
-            _pool = concurrent.futures.ProcessPoolExecutor(jobs(), mp_context=multiprocessing.get_context("spawn"))
-        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, *c) for c in todo]
+        _pool = concurrent.futures.ProcessPoolExecutor(jobs(), mp_context=multiprocessing.get_context("spawn"),
+                                                       initializer=_quiet)
+        for _ in range(jobs()):
+            _pool.submit(_ready, device, log)
+    except (RuntimeError, OSError):
+        _shutdown()
+
+
+def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
+         candidates: list[tuple[str, dict, dict]], log: str | None = None) -> None:
+    """Compile the Triton kernels of ``candidates`` ((variant, configuration, shape) each, one
+    process per candidate) and return when all are done, or after ``WAIT_S``. One alone is left
+    to the worker: compiling it here first would gain nothing."""
+    variants = registry.variants(problem)
+    todo = [c for c in candidates if is_triton(variants.get(c[0]))]
+    if len(todo) < 2 or not enabled(device) or _unsupported():
+        return
+    start(device, log)
+    try:
+        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, *c, log) for c in todo]
         concurrent.futures.wait(futures, timeout=WAIT_S)
-    except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError):
+    except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError, AttributeError):
         _shutdown()  # a pool process died (or could not start): the worker compiles; a new pool next time
 
 
+def _quiet() -> None:
+    """A pool process's initializer: Ctrl-C reaches the terminal's whole process group, and the
+    tuner alone answers it (a handler, not SIG_IGN, which the compilers would inherit)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+
+
+_log: list[str | None] = [None]  # where this pool process's output goes now
+
+
+def _output_to(log: str | None) -> None:
+    if log is not None and log != _log[0]:
+        redirect_output(log)
+        _log[0] = log
+
+
+def _ready(device: str, log: str | None) -> None:
+    """A pool process's start: what every candidate needs, imported and opened once."""
+    _output_to(log)
+    import autofuse.kernels.triton.launch  # noqa: F401
+
+    torch.empty(1, device=device)
+
+
 def compile_candidate(problem: str, device: str, dtype: str, mode: str, precision: str, variant: str,
-                      params: dict, shape: dict) -> bool:
+                      params: dict, shape: dict, log: str | None = None) -> bool:
     """In a pool process: run the candidate once at ``shape`` with nothing launched. Whether it
     compiled (False: it raised, which the worker will meet and record itself)."""
     from autofuse.core.precision import parse_dtype
     from autofuse.kernels.triton.launch import compiling_only
 
+    _output_to(log)
     try:
         prob = registry.get_problem(problem)
         model, x = _case(prob, shape, device, parse_dtype(dtype), mode)
@@ -93,7 +135,8 @@ def _case(prob, shape: dict, device: str, dtype, mode: str):
     return _CASES[key]
 
 
-def _is_triton(cls) -> bool:
+def is_triton(cls) -> bool:
+    """Whether ``cls`` is a ``TritonVariant`` (imported here: not every install has Triton's kinds)."""
     from autofuse.kernels.triton.variant import TritonVariant
 
     return cls is not None and issubclass(cls, TritonVariant)

@@ -11,6 +11,7 @@ drawn no more and when a stalled search stops; ``on_best`` hears of each new bes
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -24,6 +25,7 @@ from autofuse.tuning.budget import BUDGETS, STALL_GAIN, Budget
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.shared_study import SharedStudy
+from autofuse.tuning.timing import Timing
 
 # Suggestions asked per distinct candidate before the search stops looking for new ones.
 MAX_ASKS_PER_TRIAL = 5
@@ -47,6 +49,8 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
     asks_left = MAX_ASKS_PER_TRIAL * total
     deadline = None if timeout is None else time.monotonic() + timeout
     progress_of = _Progress(budget, on_best, screen=len(spaces))
+    if any(_is_triton(job, name) for name in spaces):
+        prewarm.start(job.device, job.log)  # ready by the second batch, the first to compile in parallel
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
@@ -80,6 +84,7 @@ class _Progress:
         self.best: tuple | None = None  # ((variant, label), result) of the best gated candidate
         self.seen = 0
         self.since_gain = 0  # measured trials since the best last gained STALL_GAIN
+        self.gemm_floor = None  # cuBLAS's GEMM alone (``_beyond_the_gemm``): asked once, False if it cannot be
 
     def see(self, results: dict) -> None:
         """Follow ``results`` in the order they were measured (the study's trial order), so a
@@ -156,8 +161,33 @@ def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar,
         elif view.ahead_of(trial.number) >= total:
             shared.drop(trial, f"the trial budget ({total}) was reached")
         else:
-            result = worker.call("evaluate", (job, Candidate(name, config), progress.reach_ms()), trial_timeout)
+            result = (_beyond_the_gemm(progress, job, worker, name, config, trial_timeout)
+                      or worker.call("evaluate", (job, Candidate(name, config), progress.reach_ms()), trial_timeout))
             _tell(shared, trial, key, result)
+
+
+def _beyond_the_gemm(progress, job, worker, name, config, trial_timeout) -> TrialResult | None:
+    """``out_of_reach``, not built, for a candidate that multiplies through cuBLAS's GEMM
+    (``Variant.bounded_by_gemm``) where that GEMM alone is beyond the budget's prune of the best
+    gated time: it cannot come within reach (99 fp32 on an H100: torch.compile took 20 s to show
+    2.74 ms beside triton's 0.76, and cuBLAS's fp32 GEMM alone takes 2.6). Else None."""
+    best, budget = progress.best_ms, progress.budget
+    cls = registry.variants(job.problem).get(name)
+    if best is None or math.isinf(budget.prune) or cls is None or not cls.bounded_by_gemm(config):
+        return None
+    if progress.gemm_floor is None:
+        progress.gemm_floor = worker.call("gemm_floor", (job,), trial_timeout) or False
+    floor = progress.gemm_floor
+    if not isinstance(floor, Timing) or floor.median_ms <= budget.prune * best:
+        return None
+    # Recorded with the bound as its time (the ranking, TPE and ``pruned`` read it as the best this
+    # variant could do, which already puts it out of the race), the reason saying so.
+    return TrialResult(Outcome.OUT_OF_REACH, f"not built: the time shown is its bound, cuBLAS's GEMM alone, "
+                       f"beyond {budget.prune:g}x the best gated ({best:.4g} ms)", timing=floor)
+
+
+def _is_triton(job: Job, name: str) -> bool:
+    return prewarm.is_triton(registry.variants(job.problem).get(name))
 
 
 def _tell(shared, trial, key, result: TrialResult, repeat: bool = False) -> None:
@@ -180,7 +210,8 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
     if builds:
         build_many(builds)
     prewarm.warm(job.problem, job.device, job.dtype, job.mode, job.precision,
-                 [(name, config, shape) for name, config in candidates for shape in trial_shapes(job, name, config)])
+                 [(name, config, shape) for name, config in candidates for shape in trial_shapes(job, name, config)],
+                 job.log)
 
 
 def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:

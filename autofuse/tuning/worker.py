@@ -124,7 +124,7 @@ def _serve(conn) -> None:
             return
         wanted = getattr(payload[0], "log", None) if payload else None
         if wanted is not None and wanted != log:
-            _redirect_output(wanted)
+            redirect_output(wanted)
             log = wanted
         try:
             result = getattr(evaluate, op)(state, *payload)
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> None:
         pass  # the parent closed the connection (interrupted, or replacing this worker): nothing to say
 
 
-def _redirect_output(path: str) -> None:
+def redirect_output(path: str) -> None:
     """Point this process's stdout and stderr (the descriptors, which child processes and C
     libraries write to as well) at ``path``, appended."""
     import os

@@ -99,3 +99,17 @@ def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kern
         out = fresh(model, x)
         want = registry.get_variant(problem.name, "eager")("fp32")(model, x)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("problem_name", ["gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax",
+                                          "matmul_clamp_lse_mish"])
+def test_a_pool_process_builds_each_problems_model_and_input_at_the_shape(problem_name):
+    """What a pool process runs a candidate on (the device's, made there; here the CPU's): the
+    problem's model at the shape's sizes and an input the model takes (a first version passed
+    ``init_args``' (args, kwargs) as two arguments: every compile failed, silently, on the GPU)."""
+    problem = registry.get_problem(problem_name)
+    shape = problem.normalize_shape(dict(zip(problem.dims, (9, 24, 20))))
+    model, x = prewarm._case(problem, shape, "cpu", torch.float32, "train")
+    assert model.training and x.shape == (9, 24)
+    with torch.no_grad():
+        assert model(x).shape[0] == 9

@@ -17,10 +17,12 @@ records any failure as it always did. Off on the CPU (the interpreter compiles n
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import multiprocessing
 import os
 import signal
+import traceback
 
 import torch
 
@@ -52,6 +54,9 @@ def start(device: str, log: str | None = None) -> None:
     try:
         _pool = concurrent.futures.ProcessPoolExecutor(jobs(), mp_context=multiprocessing.get_context("spawn"),
                                                        initializer=_quiet)
+        # Shut down before the interpreter's teardown: collected during it, the executor's
+        # callback printed "AttributeError: 'NoneType' object has no attribute 'util'".
+        atexit.register(_shutdown, True)
         for _ in range(jobs()):
             _pool.submit(_ready, device, log)
     except (RuntimeError, OSError):
@@ -114,7 +119,8 @@ def compile_candidate(problem: str, device: str, dtype: str, mode: str, precisio
         with compiling_only(), torch.no_grad():
             candidate(model, x)
         return True
-    except Exception:  # noqa: BLE001 - any failure is the worker's to record
+    except Exception:  # noqa: BLE001 - any failure is the worker's to record; the log says what it was
+        traceback.print_exc()
         return False
 
 
@@ -128,7 +134,8 @@ def _case(prob, shape: dict, device: str, dtype, mode: str):
     if key not in _CASES:
         _CASES.clear()  # one shape's at a time: a model of 8192² is 256 MB of the GPU's memory
         with torch.device(device):
-            model = prob.model(*prob.init_args(shape)).to(dtype)
+            args, kwargs = prob.init_args(shape)
+            model = prob.model(*args, **kwargs).to(dtype)
             model.train(mode != "eval")
             x = prob.make_input(shape, "rand", torch.Generator(device).manual_seed(0), device=device, dtype=dtype)
         _CASES[key] = (model, x)
@@ -153,8 +160,8 @@ def _unsupported() -> str | None:
     return unsupported()
 
 
-def _shutdown() -> None:
+def _shutdown(wait: bool = False) -> None:
     global _pool
     if _pool is not None:
-        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool.shutdown(wait=wait, cancel_futures=True)
         _pool = None

@@ -304,3 +304,14 @@ def test_a_candidate_bounded_by_cublas_is_not_built_where_that_gemm_alone_is_out
     full = search._Progress(BUDGETS["full"], None)
     full.best = progress.best
     assert search._beyond_the_gemm(full, job, _FloorWorker(100.0), "compiled", default, 60) is None
+
+
+def test_the_worker_times_the_gemm_alone_where_the_problems_floor_is_a_gemm():
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Job
+
+    shape = {"batch_size": 8, "in_features": 16, "out_features": 12}
+    floor = evaluate.gemm_floor({}, Job("matmul_gelu_softmax", shape, "cpu", "float32", "bf16", "any", 0, budget_ms=5))
+    assert floor.median_ms > 0 and floor.reps >= 1
+    # 51's algebra removes the GEMM (its floor is memory): no GEMM bounds it
+    assert evaluate.gemm_floor({}, Job("gemm_avgpool_gelu_residual", shape, "cpu", "float32", "fp32", "any", 0)) is None

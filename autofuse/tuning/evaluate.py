@@ -86,8 +86,7 @@ def gemm_floor(state: dict, job: Job) -> Timing | None:
     problem = registry.get_problem(job.problem)
     if problem.floor != "gemm":
         return None
-    _timed_call(state, job, EagerVariant(job.precision), False)  # makes the timing case
-    model, x = state["timing_case"]
+    model, x = _timing_case(state, job)
     weight = problem.linear_of(model).weight.detach()
     if job.precision == "bf16":
         x, weight = x.bfloat16(), weight.bfloat16()
@@ -101,11 +100,16 @@ def gemm_floor(state: dict, job: Job) -> Timing | None:
 def _timed_call(state: dict, job: Job, variant, autograd: bool):
     """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
     a forward without autograd, or a training step (``autofuse.tuning.timed_call``) for the autograd entry."""
+    model, x = _timing_case(state, job)
+    if not autograd:
+        return forward_call(variant, model, x)
+    return training_call(variant, model, x, state.setdefault("upstream", {}), variant.precision)
+
+
+def _timing_case(state: dict, job: Job):
+    """KernelBench's own input (torch.rand, default init) at the job's shape, made once per job."""
     if "timing_case" not in state:
         problem = registry.get_problem(job.problem)
         case = CheckCase(job.shape, "rand", job.seed, randomize=False)
         state["timing_case"] = build_case(problem, case, job.device, parse_dtype(job.dtype), job.mode)
-    model, x = state["timing_case"]
-    if not autograd:
-        return forward_call(variant, model, x)
-    return training_call(variant, model, x, state.setdefault("upstream", {}), variant.precision)
+    return state["timing_case"]

@@ -5,6 +5,7 @@
 #   key99     kb2-99 fp32 at its default shape: wall time, first provisional entry, winners
 #   gemm_bn   autofuse tune gemm_bn: every default shape, train (forward and autograd entries)
 #   untabled  kb2-99 fp32 at in/out 6144 (in no table), --budget quick then --budget full
+#   untabled-quick  the same, --budget quick only
 # Each part prints autofuse tune's own summary (wall time per key, first entry, winners). Logs
 # and tables go under $OUT (or ./tuning-time-out).
 set -uo pipefail
@@ -25,10 +26,10 @@ for part in "${parts[@]}"; do
     case $part in
         key99) tune key99 kb2-99 --precision fp32 ;;
         gemm_bn) tune gemm_bn gemm_bn ;;
-        untabled)
+        untabled|untabled-quick)
             shape=batch_size=1024,in_features=6144,out_features=6144
             tune untabled-quick kb2-99 --precision fp32 --shape $shape
-            tune untabled-full kb2-99 --precision fp32 --shape $shape --budget full ;;
+            [[ $part == untabled ]] && tune untabled-full kb2-99 --precision fp32 --shape $shape --budget full ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
     esac
 done

@@ -196,6 +196,8 @@ class ScriptedWorker:
             return {c.label(): self._timing(c.variant) for c in candidates}
         job, candidate, reach, *gate = payload
         gate = gate[0] if gate else True
+        if gate and payload[4:] and payload[4] is not None:
+            assert payload[4].median_ms == self.times[candidate.variant]  # gated on its first timing
         self.asked.append((candidate.variant, "gate" if gate else "time"))
         if candidate.variant in self.broken:
             return TrialResult(Outcome.RUNTIME_FAILED, "it crashed")

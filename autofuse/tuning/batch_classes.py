@@ -158,8 +158,9 @@ def run_rung(job: Job, candidates: list[Candidate], worker, trial_timeout: float
         elif timed is not None and best is not None and timed.timing.median_ms > budget.reach * best:
             result = dataclasses.replace(timed, reason=f"{timed.timing.median_ms:.4g} ms, beyond the gated best's "
                                          f"reach ({budget.reach * best:.4g} ms): not gated")
-        else:
-            result = worker.call("evaluate", (job, candidate, None), trial_timeout)
+        else:  # gated on the timing it has, if any
+            result = worker.call("evaluate", (job, candidate, None, True, getattr(timed, "timing", None)),
+                                 trial_timeout)
         if result.outcome is Outcome.OK:
             passed.add(candidate.label())
             best = result.timing.median_ms if best is None else min(best, result.timing.median_ms)

@@ -27,21 +27,23 @@ def _job_state(state: dict, job: Job) -> dict:
 
 
 def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None,
-             gate: bool = True) -> TrialResult:
+             gate: bool = True, timed: Timing | None = None) -> TrialResult:
     """Build and time one candidate at the job's shape, then check it against float64.
 
     Timed first: with ``reach_ms`` (the budget's reach of the best gated time so far), a
     candidate slower than that is recorded ``out_of_reach`` with its time and not gated, since
     it cannot be chosen; the gate (four cases, and another compile where a case's sizes
     specialise the kernel anew) is most of a trial's time. ``gate=False`` stops after the timing
-    (``out_of_reach``, "timed only"): a caller that races a few candidates times them all first.
+    (``out_of_reach``, "timed only"): a caller that races a few candidates times them all first,
+    then gates some with that timing (``timed``: not measured again).
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
     variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
     try:
         variant.build(job.device)
-        timing = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device, budget_ms=job.budget_ms)
+        timing = timed or time_callable(_timed_call(state, job, variant, candidate.autograd), job.device,
+                                        budget_ms=job.budget_ms)
     except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
         return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
     # Read after the first calls (the timing's warm-up, at the timed shape): they are the ones that compiled.

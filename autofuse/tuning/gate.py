@@ -68,9 +68,9 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
 # Pristine models of recent cases, by what draws them (``_model_key``), with the generators' states
 # after the draw. A batch class's cases differ from the tuned shape's in the batch alone, and the
 # weights do not depend on it: drawing an 8192² weight took 0.2-0.5 s on the CPU of an H100 host,
-# which was half of a key's batch classes (87 of 175 s for 99, fp32; .devtools-style profile in the
-# commit that added this). A hit deep-copies the model and restores the states, so the case is the
-# one a miss would build, bit for bit.
+# half of a key's batch classes (87 of 175 s for 99 at fp32, its rungs profiled in-process). A hit
+# deep-copies the model and restores the states, so the case is the one a miss would build, bit
+# for bit (tests/test_gate_cases.py).
 _MODELS: collections.OrderedDict = collections.OrderedDict()
 MODELS_KEPT = 6
 

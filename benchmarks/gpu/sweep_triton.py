@@ -4,8 +4,8 @@
 
 Issue 33's quality check: the quick search's choice must be within 3% of the best configuration
 of the whole space. Every configuration the tuner may try (``configs_for``: 616 at fp32 for 99 at
-1024×8192²) is first compiled in parallel processes (``--jobs``; each runs it once, filling
-Triton's cache), then timed in this process one by one exactly as a trial times it
+1024×8192²) is first compiled in parallel processes (``--jobs``; ``prewarm.compile_candidate``,
+the tuner's own: into Triton's cache, nothing launched), then timed in this process one by one exactly as a trial times it
 (``autofuse.tuning.evaluate``, not gated: the tune gated its choice). The sweep's ten fastest and
 the table's forward entry for the key are then re-timed side by side (interleaved rounds) and
 compared there. Prints the summary; DIR/sweep-triton-<problem>-<precision>.json keeps every time.
@@ -22,28 +22,10 @@ import time
 import torch
 
 from autofuse.core import registry
-from autofuse.tuning import evaluate
-from autofuse.tuning.gate import CheckCase, build_case
+from autofuse.tuning import evaluate, prewarm
 from autofuse.tuning.outcome import Candidate, Job
 
 VARIANT = "triton"
-
-
-def warm(problem: str, shape: dict, precision: str, configs: list[dict]) -> int:
-    """Run each configuration once (compiling it into Triton's on-disk cache); how many failed."""
-    prob = registry.get_problem(problem)
-    model, x = build_case(prob, CheckCase(shape, "rand", 0, False), "cuda", torch.float32, "any")
-    failed = 0
-    for config in configs:
-        try:
-            variant = registry.get_variant(problem, VARIANT)(precision, **config)
-            variant.build("cuda")
-            with torch.no_grad():
-                variant(model, x)
-            torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001 - the timing pass records what failed and why
-            failed += 1
-    return failed
 
 
 def table_choice(path: str, problem: str, shape: dict, precision: str) -> dict | None:
@@ -75,12 +57,12 @@ def main():
           flush=True)
 
     start = time.perf_counter()
-    chunks = [configs[i::args.jobs] for i in range(args.jobs)]
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
-        failed = sum(pool.map(warm, *zip(*[(prob.name, shape, args.precision, c) for c in chunks])))
+        compiled = list(pool.map(prewarm.compile_candidate, *zip(*[
+            (prob.name, "cuda", "float32", "any", args.precision, VARIANT, c, shape) for c in configs])))
     compile_s = time.perf_counter() - start
-    print(f"compiled in {compile_s:.0f} s ({failed} failed to run)", flush=True)
+    print(f"compiled in {compile_s:.0f} s ({compiled.count(False)} failed to compile)", flush=True)
 
     job = Job(prob.name, shape, "cuda", "float32", args.precision, "any", seed=0, budget_ms=100.0)
     state, rows = {}, []

@@ -224,7 +224,7 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
         batch = case.shape.get(problem.batch_dim, problem.min_train_batch)
         if mode == "train" and problem.mode_sensitive and batch < problem.min_train_batch:
             continue
-        if variant.params not in type(variant).configs(case.shape, device.type):
+        if not runs_at(type(variant), variant.params, case.shape, device.type):
             continue  # a configuration made for other sizes (a row held in registers) is not run here
         key = (problem.name, case.describe(), str(device), dtype, mode, variant.precision)
         if key not in cache:
@@ -238,6 +238,12 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
         if reason is not None:
             return CheckResult(False, error, f"{reason} [case {case.describe()}]")
     return CheckResult(True, worst)
+
+
+def runs_at(cls, params: Mapping, shape: Mapping[str, int], device_type: str) -> bool:
+    """Whether the gate runs configuration ``params`` of variant class ``cls`` on a case of ``shape``:
+    one made for other sizes is not run there."""
+    return params in cls.configs(shape, device_type)
 
 
 def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> tuple[float, str | None]:

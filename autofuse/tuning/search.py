@@ -22,6 +22,7 @@ from autofuse.kernels.build import build_many
 from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import BUDGETS, STALL_GAIN, Budget
+from autofuse.tuning.gate import runs_at
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.shared_study import SharedStudy
@@ -216,9 +217,8 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
 
 def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:
     """The shapes a trial runs ``config`` at: the job's (timed, and gated on three cases) and the
-    gate's odd-sized case where the configuration is valid there (``gate.check_variant``)."""
-    problem = registry.get_problem(job.problem)
-    odd = problem.odd_shape(job.shape)
+    gate's odd-sized case where it runs the configuration (``gate.runs_at``)."""
+    odd = registry.get_problem(job.problem).odd_shape(job.shape)
     cls = registry.get_variant(job.problem, variant)
-    device_type = torch.device(job.device).type
-    return [dict(job.shape)] + ([odd] if odd is not None and config in cls.configs(odd, device_type) else [])
+    at_odd = odd is not None and runs_at(cls, config, odd, torch.device(job.device).type)
+    return [dict(job.shape)] + ([odd] if at_odd else [])

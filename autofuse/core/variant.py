@@ -58,6 +58,11 @@ class Variant:
     complexity: ClassVar[int | None] = None  # defaults to KIND_COMPLEXITY[kind]
     # Extra files (kernel sources) whose content is part of the variant's source hash.
     sources: ClassVar[Sequence[str]] = ()
+    # Whether a call may be captured as a CUDA graph and replayed (``autofuse.serve.graphs``, small
+    # batches): it synchronizes nothing with the host, and reads the model only through its
+    # parameters, buffers and plain attributes. The dispatcher checks a capture once against a
+    # plain call; a variant that cannot promise this keeps False.
+    capturable: ClassVar[bool] = False
 
     def __init__(self, precision: str = "fp32", **params: Any):
         self.precision = check_precision(precision)

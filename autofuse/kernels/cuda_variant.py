@@ -26,6 +26,7 @@ _ARG_TYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_flo
 
 class CudaVariant(Variant):
     devices = ("cuda",)
+    capturable = True  # launches on torch's current stream, checks status without a synchronize
     dtypes = (torch.float32,)
     source: ClassVar[str]  # the kernel source, relative to the variant module's directory
     # launcher name -> argument kinds ("ptr", "int", "float"); the stream is appended.

@@ -34,6 +34,7 @@ from autofuse.core import registry
 from autofuse.core.precision import check_dtype, check_precision, parse_dtype
 from autofuse.core.variant import EagerVariant, check_params
 from autofuse.errors import TableError
+from autofuse.serve import graphs
 from autofuse.serve import tune_on_miss as background
 from autofuse.serve.dispatch import CallKey, Found, candidates, gated_around, passed_over_before
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
@@ -265,7 +266,7 @@ class Dispatcher:
             self._say(f"no shape of {self.problem.name} describes a call with input {tuple(x.shape)} on a model "
                       f"built from {self.init_args}; running the reference")
         call, info = self.choose(self._load(), shape, dkey, x.device)
-        call = self._bound(key, call)
+        call = self._bound(key, call, dkey, shape)
         self.info[key], self.ready[key] = info, call
         self.resolved[key] = (shape, dkey, x.device)
         if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
@@ -335,10 +336,17 @@ class Dispatcher:
                       f"cannot be used ({exc}); trying the next entry or the reference")
             return None, f"the entry {candidate.source} ({entry.get('variant')}): {exc}"
 
-    def _bound(self, key: CallKey, call):
-        """What a call with ``key`` runs: ``call``, or for a grad-mode key a ``GradModeCall``
-        around it (the no-grad entry once backwards stop coming)."""
-        return GradModeCall(self, call, key) if key.autograd else call
+    def _bound(self, key: CallKey, call, dkey: DispatchKey, shape: dict | None):
+        """What a call with ``key`` runs: ``call``; for a grad-mode key a ``GradModeCall`` around it
+        (the no-grad entry once backwards stop coming); for a small-batch no-grad key on CUDA a
+        ``GraphedCall`` (``autofuse.serve.graphs``)."""
+        if key.autograd:
+            return GradModeCall(self, call, key)
+        batch = key.shape[0] if len(key.shape) else 0
+        if graphs.graphable(call, batch, key.device, key.autograd, dkey.mode):
+            where = f"{self.problem.name} {shape_key(shape) if shape else tuple(key.shape)} ({dkey.to_str()})"
+            return graphs.GraphedCall(self, call, where)
+        return call
 
     def _reference(self, how: str) -> tuple:
         return EagerVariant(self.precision), {"variant": "eager", "params": {}, "source": how,
@@ -378,7 +386,7 @@ class Dispatcher:
             if _same(old, info):  # the same kernel: keep it, but report the entry as it is now (final, say)
                 self.info[key] = {**old, "entry": info["entry"]}
                 return
-            self.info[key], self.ready[key] = info, self._bound(key, call)
+            self.info[key], self.ready[key] = info, self._bound(key, call, dkey, shape)
         self._say(f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()}) now runs "
                   f"{info['variant']} ({info['source']}): {why}")
 

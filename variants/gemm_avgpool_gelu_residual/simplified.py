@@ -22,6 +22,7 @@ class SimplifiedGemmAvgPoolGeluResidual(Variant):
     kind = "simplified"
     description = "x + gelu(x·mean(W,0) + mean(b − subtract)): a GEMV, no GEMM"
     supports_autograd = True
+    capturable = True  # torch operations on the current stream, folded weights cached
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)

@@ -32,6 +32,7 @@ class SimplifiedGemmBn(Variant):
     kind = "simplified"
     description = "train: one GEMM + one affine from batch stats; eval: scale and BN folded into W, b"
     supports_autograd = True
+    capturable = True  # torch operations on the current stream, folded weights cached
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)

@@ -21,6 +21,7 @@ class SimplifiedMatmulClampLseMish(Variant):
     kind = "simplified"
     description = "GEMM with 2·scale folded into W and b → clamp_ → logsumexp → z·mish(z)"
     supports_autograd = True
+    capturable = True  # torch operations on the current stream, folded weights cached
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)

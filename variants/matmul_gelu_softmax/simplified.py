@@ -19,6 +19,7 @@ class SimplifiedMatmulGeluSoftmax(Variant):
     kind = "simplified"
     description = "addmm (bias in the GEMM) → exact GELU → stable softmax"
     supports_autograd = True
+    capturable = True  # torch operations on the current stream, folded weights cached
 
     def forward(self, model, x):
         lin = model.linear

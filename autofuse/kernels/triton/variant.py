@@ -223,6 +223,7 @@ class TritonVariant(Variant):
     dtypes = (torch.float32, torch.bfloat16)
     precisions = ("fp32", "tf32", "bf16")  # fp32 through a compensated split, so not ieee
     supports_autograd = True
+    capturable = True  # launches on torch's current stream; W's copies are cached before a capture
     kernels: ClassVar[str] = ".triton_kernels"
 
     @classmethod

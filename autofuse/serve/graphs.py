@@ -1,0 +1,172 @@
+"""Small-batch calls replayed as CUDA graphs: the host's share of a call cut to three launches.
+
+At a small batch a fused call's GPU work is reading the weight (bfloat16 8192², batch 1: about
+40 µs on an H100), and the host's work is the rest: a triton variant under fp32 makes about ten
+torch and Triton calls (the float16 parts of x, the output and its scratch, the GEMM, the
+epilogue's second pass), and on the lent H100's host each costs 20-30 µs, so the call took 3.4x
+cuBLAS's GEMM alone (issue 34). A CUDA graph replays every launch of the call as one: per call,
+x is copied into the graph's input, the graph is replayed and its output cloned (a caller owns
+each output, as from the plain call), three launches whatever the variant does.
+
+``GraphedCall`` is what the dispatcher binds to a call key that qualifies (``graphable``): no
+gradient needed, on CUDA, a batch of at most ``MAX_BATCH``, a problem whose forward does not
+update the model (not BatchNorm in training mode), and a variant that declares itself
+``capturable`` (its call makes no host synchronization and reads the model only through its
+tensors and plain attributes). A key is captured after ``WARM_CALLS`` plain calls in a row that
+saw the same model state, then replayed while that state holds:
+
+- *the model's state*: every parameter and buffer, by data pointer and version counter (an
+  optimizer step, ``load_state_dict``, ``p.add_`` or ``p.data = ...`` changes one), and every
+  plain attribute of its submodules (``scale_factor``, BatchNorm's ``eps``). The graph holds the
+  tensors and values it was captured with, and the variants' cached weight copies with them; any
+  change drops it, the call runs plain, and a new graph is captured once the state is steady
+  again (a loop that steps the optimizer between calls never captures, and pays nothing but
+  the check);
+- *the stream*: a graph replays on the stream it was captured on; a call on another runs plain;
+- a call under a functorch transform or autocast runs plain (the plain call decides what they
+  mean there).
+
+A capture is checked once, against a plain call on the same input: unless the replay's output
+equals it bit for bit (NaN where it has NaN), or if the capture raises (a variant that
+synchronizes the host, say), the key runs plain from then on, said once in the log. Each
+graph keeps its own memory pool: the input and output and the call's scratch at a small batch
+(22 at batch 64 and fp32: about 4 MB). ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+
+import torch
+
+log = logging.getLogger("autofuse")
+
+MAX_BATCH = 64  # issue 34's small batches: there the host, not the GPU, sets a call's time
+WARM_CALLS = 2  # plain calls in a row with the same model state before a key is captured
+_PLAIN_ATTRS = (bool, int, float, str, type(None))
+
+
+def enabled() -> bool:
+    """Whether graphs may serve at all: ``AUTOFUSE_CUDA_GRAPHS`` is not "0"."""
+    return os.environ.get("AUTOFUSE_CUDA_GRAPHS", "1") != "0"
+
+
+def graphable(call, batch: int, device: torch.device, autograd: bool, mode: str) -> bool:
+    """Whether a call key bound to ``call`` (a variant) qualifies for a ``GraphedCall`` (module docstring)."""
+    return (not autograd and device.type == "cuda" and 1 <= batch <= MAX_BATCH and mode != "train"
+            and getattr(call, "capturable", False) and enabled())
+
+
+class GraphedCall:
+    """The callable bound to one qualifying no-grad call key: ``call`` (the variant) run plain until
+    the model's state has held for ``WARM_CALLS`` calls, then captured and replayed (module docstring)."""
+
+    def __init__(self, dispatcher, call, where: str):
+        self._dispatcher = weakref.ref(dispatcher)  # the dispatcher holds this call: no cycle
+        self.call, self.where = call, where
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed: str | None = None  # why this key runs plain for good
+        self._x = self._out = self._state = self._seen = None
+        self._stream = None
+        self._watched: tuple | None = None  # (the dispatcher's slots, the plain attributes to compare)
+        self._steady = 0
+        self._lock = threading.Lock()  # one caller at a time may use the graph's input and output
+
+    def __getattr__(self, name):
+        if name == "call":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.call, name)  # name, params, precision...: the variant's
+
+    def __call__(self, model, x):
+        if self.failed is not None or _plain_only() or not self._lock.acquire(blocking=False):
+            return self.call(model, x)
+        try:
+            state = self._model_state(model)
+            if self.graph is not None and state == self._state and _stream(x.device) == self._stream:
+                self._x.copy_(x)
+                self.graph.replay()
+                return self._out.clone()
+            return self._warm(model, x, state)
+        finally:
+            self._lock.release()
+
+    def _warm(self, model, x, state):
+        """A plain call, counted towards a capture while the model's state holds (capturing at the last)."""
+        if state != self._seen:
+            self.graph = self._x = self._out = None  # drop a graph of another state: its memory goes too
+            self._seen, self._steady = state, 0
+        self._steady += 1
+        if self._steady < WARM_CALLS:
+            return self.call(model, x)
+        try:
+            return self._capture(model, x, state)
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the key on the plain call
+            self._give_up(f"capturing it failed ({type(exc).__name__}: {exc})")
+            return self.call(model, x)
+
+    def _capture(self, model, x, state):
+        expected = self.call(model, x)  # the plain call of this input: what the replay must equal
+        with torch.inference_mode(False):  # the input is written in place later, in or out of inference mode
+            static_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+        static_x.copy_(x)
+        # Warm up on a side stream before capturing, as torch.cuda.graphs asks (lazy inits stay out).
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            self.call(model, static_x)
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(x.device), torch.cuda.graph(graph):
+            static_out = self.call(model, static_x)
+        if not isinstance(static_out, torch.Tensor):
+            raise TypeError(f"the call returned {type(static_out).__name__}, not a tensor")
+        graph.replay()
+        out = static_out.clone()
+        if not _same(out, expected):
+            self._give_up("its replay differed from the plain call on the same input")
+            return expected
+        if self._model_state(model) != state:
+            self._give_up("the call changes the model's tensors")
+            return expected
+        self.graph, self._x, self._out, self._state = graph, static_x, static_out, state
+        self._stream = _stream(x.device)
+        return out
+
+    def _give_up(self, why: str) -> None:
+        self.failed = why
+        self.graph = self._x = self._out = None
+        dispatcher = self._dispatcher()
+        if dispatcher is not None:
+            dispatcher._say(f"{self.where}: not replayed as a CUDA graph, {why}; its calls run as they are")
+
+    def _model_state(self, model) -> tuple:
+        """Every parameter's and buffer's (data pointer, version), and the modules' plain attributes."""
+        dispatcher = self._dispatcher()
+        slots, params = dispatcher.state_slots(model)
+        if self._watched is None or self._watched[0] is not slots:
+            modules = [model] + [d[name] for d, name in slots[:params.start] if d[name] is not None]
+            # Names read once per set of submodules: a call compares values, not whole __dict__s.
+            self._watched = (slots, [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
+                                     if not k.startswith("_") and isinstance(v, _PLAIN_ATTRS)])
+        tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version)
+                        for d, name in slots[params.start:])
+        return tensors, tuple(d.get(k) for d, k in self._watched[1])
+
+
+def _plain_only() -> bool:
+    """A functorch transform or autocast is active: the plain call decides what a call means there."""
+    return torch._C._are_functorch_transforms_active() or torch.is_autocast_enabled("cuda")
+
+
+def _stream(device: torch.device) -> int:
+    # Raw, as the launchers read it (``build.stream_handle``): no Stream object per call.
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())

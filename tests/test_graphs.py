@@ -1,0 +1,187 @@
+"""Small-batch calls as CUDA graphs (``autofuse.serve.graphs``): which keys qualify, what counts as
+the model's state, and the plain-warm-capture-replay cycle, on the CPU with a stand-in for the
+graph. The real capture runs on the GPU (tests/test_graphs_gpu.py)."""
+
+import logging
+
+import pytest
+import torch
+from helpers import module_for
+from torch import nn
+
+from autofuse.core import registry
+from autofuse.core.variant import EagerVariant
+from autofuse.serve import graphs
+from autofuse.serve.dispatch import CallKey
+
+CUDA = torch.device("cuda", 0)
+
+
+class Capturable:
+    capturable = True
+    name = "stub"
+
+    def __init__(self, fn=None):
+        self.fn, self.calls = fn or (lambda model, x: x * 2.0), 0
+
+    def __call__(self, model, x):
+        self.calls += 1
+        return self.fn(model, x)
+
+
+def test_only_small_no_grad_cuda_calls_of_capturable_variants_qualify(monkeypatch):
+    stub = Capturable()
+    assert graphs.graphable(stub, 1, CUDA, False, "any") and graphs.graphable(stub, graphs.MAX_BATCH, CUDA, False, "eval")
+    assert not graphs.graphable(stub, graphs.MAX_BATCH + 1, CUDA, False, "any")
+    assert not graphs.graphable(stub, 0, CUDA, False, "any")  # an empty batch: nothing to replay
+    assert not graphs.graphable(stub, 8, CUDA, True, "any")  # the autograd entry saves for a backward
+    assert not graphs.graphable(stub, 8, torch.device("cpu"), False, "any")
+    assert not graphs.graphable(stub, 8, CUDA, False, "train")  # BatchNorm's running statistics move
+    assert not graphs.graphable(EagerVariant("fp32"), 8, CUDA, False, "any")
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPHS", "0")
+    assert not graphs.graphable(stub, 8, CUDA, False, "any")
+
+
+@pytest.mark.parametrize("problem", ["gemm_bn", "matmul_gelu_softmax", "matmul_clamp_lse_mish",
+                                     "gemm_avgpool_gelu_residual"])
+def test_the_reference_and_compiled_are_not_captured_the_fused_kinds_are(problem):
+    kinds = {cls.kind: cls.capturable for cls in registry.variants(problem).values()}
+    assert kinds["eager"] is False and kinds.get("compiled", False) is False  # autocast, Inductor's own graphs
+    assert kinds["simplified"] is True and all(kinds[k] for k in kinds if k in ("triton", "cuda", "cublas"))
+
+
+def _state_probe(problem):
+    module = module_for(problem).eval()
+    call = graphs.GraphedCall(module._autofuse, Capturable(), "probe")
+    return module, call
+
+
+@pytest.mark.parametrize("change", ["in place", "data swapped", "replaced", "loaded", "buffer", "attribute"])
+def test_every_change_a_forward_could_read_changes_the_state(change):
+    module, call = _state_probe("gemm_bn")
+    before = call._model_state(module)
+    assert call._model_state(module) == before  # nothing changed, nothing seen
+    weight = module.gemm.weight
+    if change == "in place":
+        with torch.no_grad():
+            weight.add_(1.0)
+    elif change == "data swapped":
+        weight.data = torch.randn_like(weight)
+    elif change == "replaced":
+        module.gemm.weight = nn.Parameter(weight.detach().clone())
+    elif change == "loaded":
+        module.load_state_dict({k: v.clone() for k, v in module.state_dict().items()})
+    elif change == "buffer":
+        module.bn.running_var.mul_(2.0)
+    else:
+        module.bn.eps = 1e-3
+    assert call._model_state(module) != before, change
+
+
+def test_a_plain_attribute_of_the_model_itself_is_part_of_the_state():
+    module, call = _state_probe("matmul_clamp_lse_mish")
+    before = call._model_state(module)
+    module.scale_factor = module.scale_factor * 2
+    assert call._model_state(module) != before
+
+
+class FakeGraph:
+    """What ``torch.cuda.CUDAGraph`` does for these tests: replay reruns the captured call."""
+
+    def __init__(self, run):
+        self.run, self.replays = run, 0
+
+    def replay(self):
+        self.replays += 1
+        self.run()
+
+
+def _fake_capture(self, model, x, state):
+    static_x = x.clone()
+    static_out = self.call(model, static_x)
+    self.graph = FakeGraph(lambda: static_out.copy_(self.call(model, static_x)))
+    self._x, self._out, self._state, self._stream = static_x, static_out, state, 0
+    self.graph.replay()
+    return static_out.clone()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(graphs.GraphedCall, "_capture", _fake_capture)
+    monkeypatch.setattr(graphs, "_stream", lambda device: 0)
+    monkeypatch.setattr(graphs, "_plain_only", lambda: False)
+
+
+def test_a_key_is_captured_after_its_warm_calls_and_each_call_owns_its_output(fake_cuda):
+    module, call = _state_probe("matmul_gelu_softmax")
+    xs = [torch.randn(3, 5) for _ in range(6)]
+    outs = [call(module, x) for x in xs]
+    assert call.graph is not None and call.graph.replays == len(xs) - graphs.WARM_CALLS + 1
+    for x, out in zip(xs, outs):  # a replay writes the graph's output; the caller's clone keeps its value
+        assert torch.equal(out, x * 2.0)
+    assert len({out.data_ptr() for out in outs}) == len(outs)
+
+
+def test_a_change_of_state_runs_plain_and_captures_again_once_steady(fake_cuda):
+    module, call = _state_probe("matmul_gelu_softmax")
+    x = torch.randn(3, 5)
+    for _ in range(graphs.WARM_CALLS + 1):
+        call(module, x)
+    first = call.graph
+    with torch.no_grad():
+        module.linear.weight.add_(1.0)
+    calls = call.call.calls
+    call(module, x)
+    assert call.graph is None and call.call.calls == calls + 1  # dropped; this call ran plain
+    for _ in range(graphs.WARM_CALLS):
+        call(module, x)
+    assert call.graph is not None and call.graph is not first
+
+
+def test_a_model_that_changes_between_every_call_is_never_captured(fake_cuda):
+    module, call = _state_probe("matmul_gelu_softmax")
+    for _ in range(5):
+        call(module, torch.randn(3, 5))
+        with torch.no_grad():
+            module.linear.bias.add_(1.0)  # an optimizer step between evaluations
+    assert call.graph is None and call.failed is None
+
+
+def test_a_failed_capture_leaves_the_key_plain_and_says_so_once(fake_cuda, monkeypatch, caplog):
+    def failing(self, model, x, state):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs.GraphedCall, "_capture", failing)
+    module, call = _state_probe("matmul_gelu_softmax")
+    x = torch.randn(3, 5)
+    with caplog.at_level(logging.WARNING, logger="autofuse"):
+        outs = [call(module, x) for _ in range(5)]
+    assert all(torch.equal(out, x * 2.0) for out in outs) and call.failed is not None and call.graph is None
+    assert caplog.text.count("not replayed as a CUDA graph") == 1 and "stream is capturing" in caplog.text
+
+
+def test_under_autocast_or_functorch_a_call_runs_plain(monkeypatch):
+    monkeypatch.setattr(graphs, "_stream", lambda device: 0)
+    monkeypatch.setattr(graphs.GraphedCall, "_capture", _fake_capture)
+    module, call = _state_probe("matmul_gelu_softmax")
+    with monkeypatch.context() as inside:  # CUDA's autocast, which a CPU build cannot enter
+        inside.setattr(torch, "is_autocast_enabled", lambda *device: not device or device == ("cuda",))
+        for _ in range(4):
+            call(module, torch.randn(3, 5))
+    assert call.graph is None
+    assert torch.func.vmap(lambda row: call(module, row[None])[0])(torch.randn(4, 5)).shape == (4, 5)
+    assert call.graph is None
+
+
+def test_the_dispatcher_binds_a_graph_to_a_qualifying_key_and_nothing_else():
+    module = module_for("matmul_gelu_softmax")
+    dispatcher, stub = module._autofuse, Capturable()
+    key = CallKey(torch.Size([8, 12]), torch.float32, CUDA, False, True)
+    dkey = key.dispatch_key("fp32", "any")
+    bound = dispatcher._bound(key, stub, dkey, {"batch_size": 8})
+    assert isinstance(bound, graphs.GraphedCall) and bound.call is stub and bound.name == "stub"
+    assert dispatcher._bound(key._replace(device=torch.device("cpu")), stub, dkey, None) is stub
+    assert dispatcher._bound(key._replace(shape=torch.Size([65, 12])), stub, dkey, None) is stub
+    with torch.no_grad():  # on the CPU every call is the variant itself, as before
+        module(torch.randn(8, 12))
+    assert not any(isinstance(c, graphs.GraphedCall) for c in dispatcher.ready.values())

@@ -1,0 +1,130 @@
+"""On the GPU: small-batch calls replayed as CUDA graphs (``autofuse.serve.graphs``) return what
+the plain call returns, bit for bit, a fresh tensor each call, and follow every change of the model.
+
+Each case writes a table entry at an odd small shape (batch 5, 1000 → 777: no tile divides it)
+for one capturable variant, so ``get_module``'s module binds the key to a ``GraphedCall``; the
+plain call is that call's variant, run directly on the same model."""
+
+import pytest
+import torch
+from helpers import kernelbench_model, module_for, record, sizes
+
+from autofuse.core import registry
+from autofuse.serve import graphs
+
+pytestmark = pytest.mark.gpu
+
+BATCH, N_IN, N_OUT = 5, 1000, 777
+CASES = [  # problem, variant, precision, mode, dtype
+    ("matmul_gelu_softmax", "triton", "fp32", "any", "float32"),
+    ("matmul_gelu_softmax", "triton", "bf16", "any", "float32"),
+    ("matmul_gelu_softmax", "triton", "bf16", "any", "bfloat16"),
+    ("matmul_clamp_lse_mish", "triton", "tf32", "any", "float32"),
+    ("gemm_bn", "triton", "fp32", "eval", "float32"),
+    ("gemm_bn", "cublas_epilogue", "bf16", "eval", "float32"),
+    ("gemm_avgpool_gelu_residual", "single_pass", "fp32", "any", "float32"),
+    ("matmul_gelu_softmax", "simplified", "tf32", "any", "float32"),
+]
+
+
+def _served(problem, variant, precision, mode, dtype, batch=BATCH):
+    """(the module, its graphed call) with ``variant``'s first configuration tabled at the shape."""
+    cls = registry.get_variant(problem, variant)
+    params = cls.configs_for(sizes(problem, batch, N_IN, N_OUT), "cuda", precision)[0]
+    record(problem, batch, N_IN, N_OUT, mode=mode, variant=variant, params=params, precision=precision,
+           dtype=dtype, device="cuda")
+    model = kernelbench_model(problem, batch, N_IN, N_OUT, mode="train" if mode == "train" else "eval")
+    module = module_for(problem, batch, N_IN, N_OUT, precision=precision)
+    module.load_state_dict(model.state_dict())
+    module = module.to("cuda", getattr(torch, dtype)).train(model.training)
+    x = torch.randn(batch, N_IN, device="cuda", dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        module(x)
+    call = module._autofuse.ready[module._autofuse.call_key(module, x)]
+    assert isinstance(call, graphs.GraphedCall) and call.name == variant, call
+    return module, call
+
+
+def _inputs(n, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(BATCH, N_IN, device="cuda", generator=g).mul(1 + i).to(dtype) for i in range(n)]
+
+
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", CASES)
+def test_a_replay_is_the_plain_call_bit_for_bit_and_each_output_is_the_callers(problem, variant, precision, mode, dtype):
+    module, call = _served(problem, variant, precision, mode, dtype)
+    xs = _inputs(6, getattr(torch, dtype))
+    with torch.no_grad():
+        outs = [module(x) for x in xs]  # replays from the WARM_CALLS-th on
+        assert call.graph is not None and call.failed is None
+        want = [call.call(module, x) for x in xs]  # after every replay: an earlier output kept its value
+    for got, expected in zip(outs, want):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert len({out.data_ptr() for out in outs}) == len(outs)
+
+
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", CASES[:1] + CASES[4:5])
+def test_a_changed_parameter_buffer_or_attribute_is_what_the_next_call_reads(problem, variant, precision, mode, dtype):
+    module, call = _served(problem, variant, precision, mode, dtype)
+    x = _inputs(1, getattr(torch, dtype))[0]
+    weight = next(module.parameters())
+    changes = [lambda: weight.mul_(0.5), lambda: setattr(weight, "data", weight.detach() * 2.0),
+               lambda: module.load_state_dict({k: v * 0.9 if v.is_floating_point() else v
+                                               for k, v in module.state_dict().items()})]
+    if problem == "gemm_bn":
+        changes += [lambda: module.bn.running_var.mul_(3.0), lambda: setattr(module.bn, "eps", 0.5)]
+    with torch.no_grad():
+        for change in changes:
+            for _ in range(graphs.WARM_CALLS + 1):
+                module(x)
+            assert call.graph is not None
+            before = module(x)
+            change()
+            after = module(x)
+            assert not torch.equal(after, before) and torch.equal(after, call.call(module, x))
+            for _ in range(graphs.WARM_CALLS + 1):  # captured again, on the new state
+                assert torch.equal(module(x), after)
+            assert call.graph is not None
+
+
+def test_inference_mode_no_grad_other_layouts_streams_and_autocast_all_get_the_plain_answer():
+    module, call = _served("matmul_gelu_softmax", "triton", "bf16", "any", "float32")
+    x = _inputs(1, torch.float32)[0]
+    with torch.no_grad():
+        want = call.call(module, x)
+    with torch.inference_mode():
+        assert torch.equal(module(x), want) and torch.equal(module(x), want) and torch.equal(module(x), want)
+        assert call.graph is not None
+    with torch.no_grad():
+        assert torch.equal(module(x), want)  # the graph captured in inference mode, replayed out of it
+        strided = x.t().contiguous().t()  # the same values in column-major layout
+        assert not strided.is_contiguous() and torch.equal(module(strided), want)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            got = module(x)  # another stream: plain
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(got, want)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert torch.equal(module(x), want)
+    out = module(x.requires_grad_(True))  # grad mode: the autograd key, never a graph
+    assert out.requires_grad
+
+
+class Syncing:
+    """A variant that claims to be capturable but reads a value on the host."""
+
+    capturable, name = True, "syncing"
+
+    def __call__(self, model, x):
+        return x * float(x.abs().max())
+
+
+def test_a_call_that_cannot_be_captured_runs_plain_and_right(caplog):
+    module, _ = _served("matmul_gelu_softmax", "triton", "fp32", "any", "float32")
+    call = graphs.GraphedCall(module._autofuse, Syncing(), "syncing")
+    x = _inputs(1, torch.float32)[0]
+    with torch.no_grad():
+        outs = [call(module, x) for _ in range(4)]
+    assert call.failed is not None and call.graph is None
+    assert all(torch.equal(out, x * float(x.abs().max())) for out in outs)
+    torch.cuda.synchronize()  # the failed capture left the device usable

@@ -108,27 +108,33 @@ STAGE_BYTES = 200 * 1024
 MAX_ACC_PER_THREAD = 128
 # Under the interpreter (the CPU tests): tiles of 16, so small odd shapes cross several tiles in
 # every dimension and the edges (partial tiles, the K tail, clamped rows) are exercised.
-INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "small_tiles": ((16, 32),), "block_ks": (16,), "stages": (2,),
-                     "warps": (4,), "groups": (2, 8)}
+INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "small_tiles": ((16, 32),), "block_ks": (16,),
+                     "small_block_ks": (16,), "stages": (2,), "warps": (4,), "groups": (2, 8)}
 # At a batch up to SMALL_BATCH the GEMM is memory-bound: the weight's read is the floor, and a
 # 128-row tile would multiply mostly rows past the batch. Tiles of 16-64 rows (tl.dot's smallest M
 # is 16) with narrow columns give one program per 64-128 columns of W, enough to keep the SMs
 # reading (8192 columns: 64-128 programs); such a tile holds one warp group's accumulator at 4 warps.
+# 16×32 gives 256 programs over 8192 columns, two per SM, for the calls where W's read is all there
+# is (batch 1-16). A small tile's program walks all of K for few rows and columns, so it takes
+# deeper k-slices (up to 256) to keep enough of W in flight.
 SMALL_BATCH = 256
-SMALL_TILES = ((16, 64), (32, 128), (64, 64), (16, 128), (32, 64))
+SMALL_TILES = ((16, 64), (32, 128), (64, 64), (16, 128), (32, 64), (16, 32))
+SMALL_BLOCK_KS = (64, 128, 256)
 
 
 def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> list[dict[str, Any]]:
     """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision; at a
     ``batch`` up to ``SMALL_BATCH`` the small-batch tiles too."""
     tma_ok = n_in % 8 == 0  # 16-byte row strides for float32 x and a bfloat16 W
-    space = INTERPRETER_SPACE if device == "cpu" else {"tiles": TILES, "small_tiles": SMALL_TILES, "block_ks": BLOCK_KS,
-                                                         "stages": STAGES, "warps": WARPS, "groups": GROUPS}  # fmt: skip
+    space = INTERPRETER_SPACE if device == "cpu" else {
+        "tiles": TILES, "small_tiles": SMALL_TILES, "block_ks": BLOCK_KS, "small_block_ks": SMALL_BLOCK_KS,
+        "stages": STAGES, "warps": WARPS, "groups": GROUPS}
     tiles = space["tiles"] + (space["small_tiles"] if batch is not None and batch <= SMALL_BATCH else ())
+    tiled = [(tile, bk) for tile in tiles
+             for bk in (space["small_block_ks"] if tile in space["small_tiles"] else space["block_ks"])]
     configs = []
-    for (bm, bn), bk, stages, warps, group, persistent, tma, operands in itertools.product(
-            tiles, space["block_ks"], space["stages"], space["warps"], space["groups"],
-            (True, False), (True, False), OPERANDS):
+    for ((bm, bn), bk), stages, warps, group, persistent, tma, operands in itertools.product(
+            tiled, space["stages"], space["warps"], space["groups"], (True, False), (True, False), OPERANDS):
         if tma and not tma_ok:
             continue
         if (bm, bn) in space["small_tiles"] and warps != min(space["warps"]):

@@ -69,3 +69,17 @@ def test_the_listing_says_why_a_variant_cannot_run_here(monkeypatch):
     assert listed["eager"]["unavailable"] is None
     assert "cuda" in listed["cublas_epilogue"]["unavailable"]
     assert ("triton cannot be imported" if tv.triton_missing() else "TRITON_INTERPRET=1") in listed["triton"]["unavailable"]
+
+
+def test_small_batches_add_narrow_tiles_with_deep_k_slices_and_large_batches_do_not():
+    small = tv.gemm_configs(8192, batch=1)
+    narrow = {c["block_k"] for c in small if (c["block_m"], c["block_n"]) == (16, 32)}
+    assert narrow == set(tv.SMALL_BLOCK_KS) and max(narrow) == 256
+    assert {c["block_k"] for c in small if (c["block_m"], c["block_n"]) in tv.TILES} == set(tv.BLOCK_KS)
+    assert not any((c["block_m"], c["block_n"]) in tv.SMALL_TILES for c in tv.gemm_configs(8192, batch=tv.SMALL_BATCH + 1))
+    cls = registry.get_variant("matmul_gelu_softmax", "triton")
+    shape = {"batch_size": 1, "in_features": 8192, "out_features": 8192}
+    seeds = cls.small_batch_seeds(shape, "cuda", "bf16", tv.DEFAULTS["bf16"])
+    assert [(s["block_m"], s["block_n"]) for s in seeds] == list(tv.SMALL_TILES)
+    assert all(s["block_k"] == max(b for b in tv.SMALL_BLOCK_KS if tv.stage_bytes({**s, "block_k": b}) <= tv.STAGE_BYTES)
+               for s in seeds)

@@ -40,7 +40,7 @@ def _served(problem, variant, precision, mode, dtype, batch=BATCH):
     x = torch.randn(batch, N_IN, device="cuda", dtype=getattr(torch, dtype))
     with torch.no_grad():
         module(x)
-    call = module._autofuse.ready[module._autofuse.call_key(module, x)]
+        call = module._autofuse.ready[module._autofuse.call_key(module, x)]
     assert isinstance(call, graphs.GraphedCall) and call.name == variant, call
     return module, call
 

@@ -37,17 +37,18 @@ def test_only_small_no_grad_cuda_calls_of_capturable_variants_qualify(monkeypatc
     assert not graphs.graphable(stub, 8, CUDA, True, "any")  # the autograd entry saves for a backward
     assert not graphs.graphable(stub, 8, torch.device("cpu"), False, "any")
     assert not graphs.graphable(stub, 8, CUDA, False, "train")  # BatchNorm's running statistics move
-    assert not graphs.graphable(EagerVariant("fp32"), 8, CUDA, False, "any")
+    assert graphs.graphable(EagerVariant("fp32"), 8, CUDA, False, "any")
+    assert not graphs.graphable(type("Plugin", (), {})(), 8, CUDA, False, "any")  # says nothing: not captured
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPHS", "0")
     assert not graphs.graphable(stub, 8, CUDA, False, "any")
 
 
 @pytest.mark.parametrize("problem", ["gemm_bn", "matmul_gelu_softmax", "matmul_clamp_lse_mish",
                                      "gemm_avgpool_gelu_residual"])
-def test_the_reference_and_compiled_are_not_captured_the_fused_kinds_are(problem):
+def test_compiled_is_not_captured_the_reference_and_the_fused_kinds_are(problem):
     kinds = {cls.kind: cls.capturable for cls in registry.variants(problem).values()}
-    assert kinds["eager"] is False and kinds.get("compiled", False) is False  # autocast, Inductor's own graphs
-    assert kinds["simplified"] is True and all(kinds[k] for k in kinds if k in ("triton", "cuda", "cublas"))
+    assert kinds.get("compiled", False) is False  # Inductor's own graphs, its guards' recompiles
+    assert kinds["eager"] is True and kinds["simplified"] is True and all(kinds[k] for k in kinds if k in ("triton", "cuda", "cublas"))
 
 
 def _state_probe(problem):

@@ -24,6 +24,8 @@ CASES = [  # problem, variant, precision, mode, dtype
     ("gemm_bn", "cublas_epilogue", "bf16", "eval", "float32"),
     ("gemm_avgpool_gelu_residual", "single_pass", "fp32", "any", "float32"),
     ("matmul_gelu_softmax", "simplified", "tf32", "any", "float32"),
+    ("matmul_gelu_softmax", "eager", "bf16", "any", "float32"),  # the reference under autocast
+    ("gemm_bn", "eager", "bf16", "eval", "bfloat16"),
 ]
 
 

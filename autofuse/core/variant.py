@@ -242,6 +242,9 @@ class EagerVariant(Variant):
 
     kind = "eager"
     supports_autograd = True
+    # Replayed as a graph at small batches like any variant: a reference that synchronizes, draws
+    # random numbers or runs nondeterministic kernels fails the capture's check and stays plain.
+    capturable = True
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         # A module from get_module dispatches in its forward; the reference forward is kept aside.

@@ -113,7 +113,7 @@ def test_inference_mode_no_grad_other_layouts_streams_and_autocast_all_get_the_p
 
 
 class Syncing:
-    """A variant that claims to be capturable but reads a value on the host."""
+    """A variant that claims to be capturable but reads a value on the host: CUDA invalidates its capture."""
 
     capturable, name = True, "syncing"
 
@@ -121,12 +121,40 @@ class Syncing:
         return x * float(x.abs().max())
 
 
-def test_a_call_that_cannot_be_captured_runs_plain_and_right(caplog):
+class RaisingInCapture:
+    """A variant whose call raises only while it is being captured."""
+
+    capturable, name = True, "raising"
+
+    def __call__(self, model, x):
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError("not under capture")
+        return x * 3.0
+
+
+@pytest.mark.parametrize("variant", [Syncing, RaisingInCapture])
+def test_a_call_that_cannot_be_captured_runs_plain_and_leaves_cuda_usable(variant, caplog):
     module, _ = _served("matmul_gelu_softmax", "triton", "fp32", "any", "float32")
-    call = graphs.GraphedCall(module._autofuse, Syncing(), "syncing")
+    plain = variant()
+    call = graphs.GraphedCall(module._autofuse, plain, plain.name)
     x = _inputs(1, torch.float32)[0]
     with torch.no_grad():
         outs = [call(module, x) for _ in range(4)]
-    assert call.failed is not None and call.graph is None
-    assert all(torch.equal(out, x * float(x.abs().max())) for out in outs)
-    torch.cuda.synchronize()  # the failed capture left the device usable
+        assert call.failed is not None and call.graph is None
+        assert all(torch.equal(out, plain(module, x)) for out in outs)
+    # The failed capture left no stream capturing and the generator usable; a new graph captures.
+    assert not torch.cuda.is_current_stream_capturing()
+    torch.randn(8, device="cuda").sum().item()
+    torch.cuda.synchronize()
+    fresh = graphs.GraphedCall(module._autofuse, Capturable3(), "fresh")
+    with torch.no_grad():
+        for _ in range(graphs.WARM_CALLS + 1):
+            assert torch.equal(fresh(module, x), x * 3.0)
+    assert fresh.graph is not None and fresh.failed is None
+
+
+class Capturable3:
+    capturable, name = True, "times3"
+
+    def __call__(self, model, x):
+        return x * 3.0

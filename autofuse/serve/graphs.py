@@ -118,9 +118,7 @@ class GraphedCall:
         with torch.cuda.stream(side):
             self.call(model, static_x)
         torch.cuda.current_stream(x.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(x.device), torch.cuda.graph(graph):
-            static_out = self.call(model, static_x)
+        static_out = _captured(self.call, model, static_x, graph := torch.cuda.CUDAGraph())
         if not isinstance(static_out, torch.Tensor):
             raise TypeError(f"the call returned {type(static_out).__name__}, not a tensor")
         graph.replay()
@@ -154,6 +152,31 @@ class GraphedCall:
         tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version)
                         for d, name in slots[params.start:])
         return tensors, tuple(d.get(k) for d, k in self._watched[1])
+
+
+def _captured(call, model, x, graph):
+    """``call(model, x)`` captured into ``graph`` on a stream of its own. The capture always ends,
+    whatever the call raised, and only this thread's CUDA calls are held to the capture's rules
+    ("thread_local"): another thread allocating meanwhile is not this capture's failure. A capture
+    that CUDA invalidated (a synchronizing call) cannot end cleanly, and leaves the device's
+    random-number generator marked as capturing; a trivial capture puts it back."""
+    with torch.cuda.device(x.device), torch.cuda.stream(torch.cuda.Stream(x.device)):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            return call(model, x)
+        finally:
+            try:
+                graph.capture_end()
+            except Exception:
+                _end_capture_state(x.device)
+                raise
+
+
+def _end_capture_state(device) -> None:
+    empty = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+        empty.capture_begin(capture_error_mode="thread_local")
+        empty.capture_end()
 
 
 def _plain_only() -> bool:

@@ -114,11 +114,13 @@ INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "small_tiles": ((16, 32),), 
 # 128-row tile would multiply mostly rows past the batch. Tiles of 16-64 rows (tl.dot's smallest M
 # is 16) with narrow columns give one program per 64-128 columns of W, enough to keep the SMs
 # reading (8192 columns: 64-128 programs); such a tile holds one warp group's accumulator at 4 warps.
-# 16×32 gives 256 programs over 8192 columns, two per SM, for the calls where W's read is all there
-# is (batch 1-16). A small tile's program walks all of K for few rows and columns, so it takes
-# deeper k-slices (up to 256) to keep enough of W in flight.
+# A small tile's program walks all of K for few rows and columns, so it takes deeper k-slices (up
+# to 256) to keep enough of W in flight. In the order the rungs race them: at batch 1 and 32 on
+# an H100 (1024×8192², non-persistent, the tuned operand paths) 16×64 and 16×32 with k-slices of
+# 128-256 were the fastest (bf16 22: 68.8-69.3 µs, gemm_bn's bfloat16 model 61.6-62.0, fp32 22
+# 116.9-117.9; the 1024-tuned tile 111, 94 and 192), 32×64 next, the wider ones slower.
 SMALL_BATCH = 256
-SMALL_TILES = ((16, 64), (32, 128), (64, 64), (16, 128), (32, 64), (16, 32))
+SMALL_TILES = ((16, 64), (16, 32), (32, 64), (32, 128), (64, 64), (16, 128))
 SMALL_BLOCK_KS = (64, 128, 256)
 
 
@@ -263,12 +265,14 @@ class TritonVariant(Variant):
     @classmethod
     def small_batch_seeds(cls, shape, device, precision, like):
         # One configuration per small tile, in SMALL_TILES' order: one program per tile (more
-        # programs), the deepest k-slice and 4 stages, ``like``'s operand path and TMA where valid.
+        # programs), the deepest k-slice that fits 3 stages or more, 4 stages where they fit,
+        # ``like``'s operand path and TMA where valid.
         small = INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
         configs = [c for c in cls.configs_for(shape, device, precision) if (c["block_m"], c["block_n"]) in small]
         same = [c for c in configs if c["operands"] == like.get("operands") and c["tma"] == like.get("tma")]
         seeds = {}
-        for config in sorted(same or configs, key=lambda c: (c["persistent"], -c["block_k"], c["stages"] != 4)):
+        for config in sorted(same or configs, key=lambda c: (c["persistent"], c["stages"] < 3, -c["block_k"],
+                                                             c["stages"] != 4)):
             seeds.setdefault((config["block_m"], config["block_n"]), config)
         return [seeds[tile] for tile in small if tile in seeds]
 

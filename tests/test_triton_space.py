@@ -80,6 +80,10 @@ def test_small_batches_add_narrow_tiles_with_deep_k_slices_and_large_batches_do_
     cls = registry.get_variant("matmul_gelu_softmax", "triton")
     shape = {"batch_size": 1, "in_features": 8192, "out_features": 8192}
     seeds = cls.small_batch_seeds(shape, "cuda", "bf16", tv.DEFAULTS["bf16"])
-    assert [(s["block_m"], s["block_n"]) for s in seeds] == list(tv.SMALL_TILES) and all(s["stages"] >= 3 for s in seeds)
+    assert [(s["block_m"], s["block_n"]) for s in seeds][:3] == [(16, 64), (16, 32), (16, 128)]
+    assert sorted((s["block_m"], s["block_n"]) for s in seeds) == sorted(tv.SMALL_TILES) and all(s["stages"] >= 3 for s in seeds)
+    for batch, rows in ((32, 32), (37, 64), (64, 64), (200, 64)):  # a tile as tall as the batch reads W once
+        at = cls.small_batch_seeds({**shape, "batch_size": batch}, "cuda", "bf16", tv.DEFAULTS["bf16"])
+        assert at[0]["block_m"] == rows, (batch, at[0])
     assert all(s["block_k"] == max(b for b in tv.SMALL_BLOCK_KS if tv.stage_bytes({**s, "block_k": b}) <= tv.STAGE_BYTES)
                for s in seeds)

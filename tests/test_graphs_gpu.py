@@ -132,7 +132,19 @@ class RaisingInCapture:
         return x * 3.0
 
 
-@pytest.mark.parametrize("variant", [Syncing, RaisingInCapture])
+class LaunchingNothing:
+    """A variant whose call launches no kernel: a replay could not depend on x."""
+
+    capturable, name = True, "nothing"
+
+    def __init__(self):
+        self.kept = torch.ones(BATCH, N_IN, device="cuda")
+
+    def __call__(self, model, x):
+        return self.kept
+
+
+@pytest.mark.parametrize("variant", [Syncing, RaisingInCapture, LaunchingNothing])
 def test_a_call_that_cannot_be_captured_runs_plain_and_leaves_cuda_usable(variant, caplog):
     module, _ = _served("matmul_gelu_softmax", "triton", "fp32", "any", "float32")
     plain = variant()

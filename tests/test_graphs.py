@@ -79,6 +79,15 @@ def test_every_change_a_forward_could_read_changes_the_state(change):
     assert call._model_state(module) != before, change
 
 
+def test_a_tuple_attribute_of_a_submodule_is_part_of_the_state():
+    module, call = _state_probe("matmul_gelu_softmax")
+    module.linear.window = (2, 2)  # as a plugin's pooling layer holds its kernel_size
+    module.linear.held = (torch.ones(1),)  # a tuple holding a tensor is not a constant to compare
+    before = call._model_state(module)
+    module.linear.window = (3, 3)
+    assert call._model_state(module) != before
+
+
 def test_a_plain_attribute_of_the_model_itself_is_part_of_the_state():
     module, call = _state_probe("matmul_clamp_lse_mish")
     before = call._model_state(module)

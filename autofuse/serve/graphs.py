@@ -17,10 +17,10 @@ saw the same model state, then replayed while that state holds:
 
 - *the model's state*: every parameter and buffer, by data pointer and version counter (an
   optimizer step, ``load_state_dict``, ``p.add_`` or ``p.data = ...`` changes one), and every
-  plain attribute of its submodules (``scale_factor``, BatchNorm's ``eps``). The graph holds the
-  tensors and values it was captured with, and the variants' cached weight copies with them; any
-  change drops it, the call runs plain, and a new graph is captured once the state is steady
-  again (a loop that steps the optimizer between calls never captures, and pays nothing but
+  plain attribute of its submodules (``scale_factor``, BatchNorm's ``eps``, a tuple such as a
+  pooling layer's ``kernel_size``). The graph holds the tensors and values it was captured with,
+  and the variants' cached weight copies with them; any change drops it, the call runs plain,
+  and a new graph is captured once the state is steady again (a loop that steps the optimizer between calls never captures, and pays nothing but
   the check);
 - *the stream*: a graph replays on the stream it was captured on; a call on another runs plain;
 - a call under a functorch transform or autocast runs plain (the plain call decides what they
@@ -149,10 +149,18 @@ class GraphedCall:
             modules = [model] + [d[name] for d, name in slots[:params.start] if d[name] is not None]
             # Names read once per set of submodules: a call compares values, not whole __dict__s.
             self._watched = (slots, [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
-                                     if not k.startswith("_") and isinstance(v, _PLAIN_ATTRS)])
+                                     if not k.startswith("_") and _plain(v)])
         tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version)
                         for d, name in slots[params.start:])
         return tensors, tuple(d.get(k) for d, k in self._watched[1])
+
+
+def _plain(value) -> bool:
+    """A value a forward may read as a constant: a number, string or None, or a tuple of them
+    (a pooling layer's ``kernel_size``, a convolution's ``stride``)."""
+    if isinstance(value, tuple):
+        return all(isinstance(v, _PLAIN_ATTRS) for v in value)
+    return isinstance(value, _PLAIN_ATTRS)
 
 
 def _captured(call, model, x, graph):

@@ -13,7 +13,12 @@ Warp specialization is not a knob. Triton 3.6 runs a Hopper pass for loops marke
 ``tl.range(warp_specialize=True)``, but on an H100 it did not give a working GEMM: with 8 warps
 it left the kernel as it was, and with 4 it failed to compile (a descriptor store) or compiled
 a kernel that faulted (illegal address), persistent or not (a bf16 GEMM at 1024×8192×8192).
-Split-K is not a knob either: the default shapes have 64+ tiles for 132 SMs.
+Split-K is not a knob either. At the default shapes there are 64+ tiles for 132 SMs. At small
+batches it was built and measured (each tile's K in 2-8 ranges, the last program adding them in a
+fixed order), and it lost or tied everywhere on an H100: at 8192² bf16, batch 8, split 2 gave
+50.6 µs against 48.8 for one program per tile (cuBLAS 47.9). At batch 64, 64×64 split 2 and 4 gave
+56.2 and 59.8 µs against 50.3. fp32 (split_fp16) at batch 64 gave 124.6 against 107.7. One
+program per 64-128 columns already keeps W's read near cuBLAS's (graph-replayed, no L2 flush).
 Nor is flattening a persistent program's tile and k loops into one pipelined loop
 (``tl.range(flatten=True)``, Triton's persistent-matmul tutorial). On an H100 it made
 matmul_clamp_lse_mish's forward 1.3-1.5% faster at tf32 and bf16; the kernels of

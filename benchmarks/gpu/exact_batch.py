@@ -1,0 +1,98 @@
+"""How close a tuned shape family serves a batch nobody tuned: the shipped table's dispatch at batch b
+against a tune made at exactly b (issue 34's "every batch" target: at most 1.10x).
+
+    python3 benchmarks/gpu/exact_batch.py matmul_clamp_lse_mish --precision bf16 --dtype float32 \
+        --batches 1,8,37,100,512,1023,1025,2048 [--mode eval] [--table benchmarks/table.json] [--out DIR]
+
+For each batch b: ``autofuse tune`` at the family's shape with the batch set to b into a fresh
+table (``--budget quick --no-batch-classes --no-autograd-entry``: the forward key alone, as fast as
+a tune gets), then the forward of the module ``get_module`` returns with the shipped table and
+with that exact table, timed interleaved (``autofuse.tuning.timing.time_interleaved``: CUDA
+events, L2 flushed, medians of 30 rounds), on the same model and input. It prints a line per batch:
+the variant and source each table dispatches to, both medians, and their ratio. Each tune takes
+20-60 s on an H100, so a full list of batches takes minutes: run it for one key at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from autofuse.bench.setup import FORWARD, dispatch_call, make_setup
+from autofuse.core import registry
+from autofuse.tuning.timing import time_interleaved
+
+
+def shape_at(prob, batch: int, shape: str | None) -> dict:
+    base = dict(prob.default_shapes[0])
+    if shape:
+        base.update({k: int(v) for k, v in (item.split("=") for item in shape.split(","))})
+    base[prob.batch_dim] = batch
+    return base
+
+
+def tune_exact(prob, shape: dict, args, table: pathlib.Path) -> int:
+    spec = ",".join(f"{k}={v}" for k, v in shape.items())
+    command = [sys.executable, "-m", "autofuse.cli", "tune", prob.name, "--shape", spec, "--precision", args.precision,
+               "--dtype", args.dtype, "--table", str(table), "--budget", "quick", "--no-batch-classes",
+               "--no-autograd-entry", "--no-progress"]
+    if args.mode:
+        command += ["--mode", args.mode]
+    if args.variants:
+        command += ["--variants", args.variants]
+    env = {**os.environ, "AUTOFUSE_HOME": str(table.parent / "home")}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.tune_timeout).returncode
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--mode", default=None)
+    ap.add_argument("--shape", default=None, help="the family's shape (default: the first default shape)")
+    ap.add_argument("--batches", default="1,8,37,100,512", type=lambda s: [int(b) for b in s.split(",")])
+    ap.add_argument("--table", default="benchmarks/table.json")
+    ap.add_argument("--variants", default=None, help="the tunes' variants (default: all)")
+    ap.add_argument("--tune-timeout", type=int, default=240)
+    ap.add_argument("--out", default=None, type=pathlib.Path, help="write the lines as JSON here too")
+    args = ap.parse_args(argv)
+    prob = registry.get_problem(args.problem)
+    mode = args.mode or "train"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in args.batches:
+            shape = shape_at(prob, batch, args.shape)
+            exact = pathlib.Path(tmp) / f"b{batch}" / "table.json"
+            exact.parent.mkdir(parents=True)
+            rc = tune_exact(prob, shape, args, exact)
+            setup = make_setup(prob, shape, "cuda", args.dtype, args.precision, mode, FORWARD)
+            calls, infos = {}, {}
+            for name, table in (("shipped", args.table), ("exact", str(exact))):
+                infos[name], calls[name] = dispatch_call(setup, table)
+            with torch.no_grad():
+                timings = time_interleaved(calls, "cuda")
+            ratio = timings["shipped"].median_ms / timings["exact"].median_ms
+            row = {"batch": batch, "tune_rc": rc, "ratio": ratio,
+                   **{f"{name}_ms": timings[name].median_ms for name in calls},
+                   **{f"{name}_variant": f"{infos[name]['variant']} ({infos[name]['source']})" for name in calls}}
+            rows.append(row)
+            print(f"batch {batch:6d}: shipped {row['shipped_ms']:.4f} ms [{row['shipped_variant']}]  exact "
+                  f"{row['exact_ms']:.4f} ms [{row['exact_variant']}]  ratio {ratio:.3f}"
+                  f"{'' if rc == 0 else f'  (tune rc {rc})'}", flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        name = f"exact-batch-{prob.name}-{args.precision}-{args.dtype}-{mode}.json"
+        (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

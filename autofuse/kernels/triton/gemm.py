@@ -205,7 +205,7 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         acc = acc * x_scale[:, None] * w_scale[None, :]  # powers of two, one at a time: exact
     if EXACT_K > 0:
         acc = exact_tile(acc, exact, x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M,
-                         BLOCK_N, EXACT_K)
+                         BLOCK_N, EXACT_K, MODE == "fp16")
     return acc
 
 
@@ -221,12 +221,18 @@ def tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M: tl.const
 
 @triton.jit
 def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + x[rows]·W[cols]ᵀ in float32 FMA from the float32 originals where ``exact``, else acc
-    (the loop runs no step). Each k-slice is summed apart and added, as ``split_dot`` does. One
-    stage: the fast loop's pipeline keeps the shared memory, and this path is the rare one. The
-    originals are read through their (row, k) strides, so a transposed view serves (the backward's
-    dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant to Triton, so the forward's loads stay contiguous)."""
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TF32: tl.constexpr = False):
+    """acc + x[rows]·W[cols]ᵀ from the float32 originals where ``exact``, else acc (the loop runs no
+    step): in float32 FMA, each k-slice summed apart and added, as ``split_dot`` does; or (TF32, the
+    tf32 precision's "fp16" mode) on TF32 tensor cores, the originals rounded to TF32 to nearest
+    (``round_tf32``): float32's range at the precision's 11 bits, what cuBLAS's TF32 multiplies. That
+    path chains into acc itself, in the main loop's layout: the FMA path's second accumulator and
+    its layout change pushed tf32 99's 128×256 kernel (255 registers already) into spills (2692
+    bytes of spill stores compiled for sm_90, 468 this way; 22's 1216 and 124), and 99's forward
+    to 1.01x cuBLAS TF32's time, 0.82x this way (0.271 against 0.329 ms, H100). One stage: the fast loop's pipeline keeps the shared memory, and this path is the rare
+    one. The originals are read through their (row, k) strides, so a transposed view serves (the
+    backward's dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant to Triton, so the forward's loads stay
+    contiguous)."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.where(rm < M, rm, 0)
@@ -239,7 +245,10 @@ def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, p
         k_ok = rk[None, :] < K - kt * BLOCK_K
         a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
         b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
-        acc += tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
+        if TF32:
+            acc = tl.dot(round_tf32(a), round_tf32(b), acc, input_precision="tf32")
+        else:
+            acc += tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
         a_offsets += BLOCK_K * x_strides[1]
         b_offsets += BLOCK_K * w_strides[1]
     return acc

@@ -69,7 +69,8 @@ def row_parts_block(cols: int) -> int:
     return min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
 
 
-# The range check's exact path (docs/precision.md; ``gemm.exact_tile``: float32 FMA, one stage): its k-slice.
+# The range check's exact path (docs/precision.md; ``gemm.exact_tile``: float32 FMA, TF32 under tf32; one
+# stage): its k-slice.
 EXACT_K = 32
 
 

@@ -74,6 +74,12 @@ def test_a_bfloat16_model_is_served_by_the_triton_variants_interpreted(tmp_path)
     _run("bf16_model_serving", str(tmp_path))
 
 
+def test_a_bfloat16_model_of_22_rounds_where_its_reference_does_interpreted():
+    """KernelBench compares a bfloat16 model's output with the bfloat16 reference at 1e-2; the
+    float32-exact z·mish(z) lies ~1% from it at z near 19."""
+    _run("bf16_model_rounds_as_the_reference")
+
+
 def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
     _run("backward_kernels")
 

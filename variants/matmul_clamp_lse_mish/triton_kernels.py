@@ -26,7 +26,11 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
     part_sum_ptr, t, lo, hi)."""
     bias_ptr, y_ptr, q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
     y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    v = tl.minimum(tl.maximum(y * t, lo), hi)
+    if bias_ptr.dtype.element_ty == tl.bfloat16:  # a bfloat16 model: its rounding, step by step
+        y = bfloat16_round(y)
+        v = tl.minimum(tl.maximum(bfloat16_round(y * (t * 0.5)) * 2.0, lo), hi)
+    else:
+        v = tl.minimum(tl.maximum(y * t, lo), hi)
     live = tl.where(col_ok[None, :], v, float("-inf"))
     tile_max = tl.max(live, axis=1)
     e = exp_nonpositive(live - tile_max[:, None])
@@ -40,6 +44,20 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
         inside = (y * t >= lo) & (y * t <= hi)
         q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def bfloat16_round(v):
+    """v (float32) rounded to bfloat16 to nearest even and back: where a bfloat16 model's forward
+    stores a tensor. A bfloat16 model's reference rounds linear's output, x·s, logsumexp's z and
+    mish(z) so; its result then differs from the float32-exact one by up to ~1% at the default
+    clamp (z near 19, z·mish(z) near 360), past KernelBench's atol = rtol = 1e-2 against that
+    reference, so a bfloat16 model's kernels round where it does (x + x and the clamp are exact).
+    In bits, ties to even, as torch rounds: Triton's interpreter converts to bfloat16 by truncation.
+    A NaN stays NaN; a value past bfloat16's largest becomes inf, as in torch."""
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -67,8 +85,15 @@ def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
     row_max = tl.max(part_max, axis=1)
     row_max = tl.where(rows < M, row_max, 0.0)  # rows past M: keep the arithmetic finite
     total = tl.sum(part_sum * exp_nonpositive(part_max - row_max[:, None]), axis=1)
-    z = row_max + tl.log(tl.where(rows < M, total, 1.0))
-    out = z * z * tanh_softplus(z)
+    total = tl.where(rows < M, total, 1.0)
+    z = row_max + tl.log(total)  # the backward's z (its softmax is exp(v − z)): float32-accurate
+    if out_ptr.dtype.element_ty == tl.bfloat16:  # a bfloat16 model rounds as its reference (``bfloat16_round``)
+        # torch's logsumexp of a bfloat16 tensor: max + log(Σ exp(v − max)), the sum, its log and z
+        # stored in bfloat16 (the rounding of each exp averages out in the sum); then mish(z) and z·mish(z)
+        zb = bfloat16_round(row_max + bfloat16_round(tl.log(bfloat16_round(total))))
+        out = bfloat16_round(zb * bfloat16_round(zb * tanh_softplus(zb)))  # so the store's conversion is exact
+    else:
+        out = z * z * tanh_softplus(z)
     tl.store(z_ptr + rows, z, mask=rows < M)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < M)
 

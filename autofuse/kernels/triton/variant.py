@@ -363,7 +363,7 @@ class TritonVariant(Variant):
         the parameter once and are cached until it changes; x's are made per call
         (``input_operands``). A bfloat16 model's x and W are the bf16 main loop's operands as they
         are (no pass, no copy); its bias stays bfloat16, which the epilogues load as float32. A
-        missing bias is zeros."""
+        missing bias is zeros of the model's dtype (an epilogue may read a bfloat16 model off it)."""
         n_out, n_in = weight.shape
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != n_in:
             raise InputError(f"expected a 2-D input (batch, {n_in}), got {getattr(x, 'shape', type(x).__name__)}")
@@ -373,7 +373,7 @@ class TritonVariant(Variant):
         w = operand(weight, f"{name}.weight", (n_out, n_in), x.device, dtype)
         operands = self.params["operands"]
         weights = self._weights.get([weight], lambda: weight_operands(w, operands), extra=(operands,))
-        b = (torch.zeros(n_out, device=x.device) if bias is None
+        b = (torch.zeros(n_out, device=x.device, dtype=dtype) if bias is None
              else operand(bias, f"{name}.bias", (n_out,), x.device, dtype))
         x = x.detach().contiguous()
         if operands in ("split_fp16", "scaled_fp16"):

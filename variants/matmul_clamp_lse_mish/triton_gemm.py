@@ -8,10 +8,7 @@ subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch ×
 never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. With a gradient
 needed the kernel stores the logits (the backward needs them), under bf16 their softmax factors
 in bfloat16 instead (half the bytes; ``gradients.SoftmaxParts``), and the finish keeps z
-(gradients.py). A bfloat16 model's kernels round where its bfloat16 reference stores a tensor
-(linear's output, x·s, logsumexp's sum, log and z, mish(z); ``triton_kernels.bfloat16_round``),
-so its output is the reference's, not one ~1% from it (KernelBench's harness compares the two
-at 1e-2); the backward keeps the float32 z. The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels:
+(gradients.py). The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels:
 triton_kernels.py. Preconditions: float32 tensors, or a bfloat16 model's under bf16 (its output
 bfloat16, every sum float32), made contiguous, on CUDA, or on the CPU under TRITON_INTERPRET=1;
 any sizes; s, lo, hi read from the model at every call.

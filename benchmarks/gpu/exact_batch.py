@@ -27,22 +27,22 @@ import torch
 
 from autofuse.bench.setup import FORWARD, dispatch_call, make_setup
 from autofuse.core import registry
+from autofuse.serve.table import parse_shape_key, shape_key
 from autofuse.tuning.timing import time_interleaved
 
 
 def shape_at(prob, batch: int, shape: str | None) -> dict:
     base = dict(prob.default_shapes[0])
     if shape:
-        base.update({k: int(v) for k, v in (item.split("=") for item in shape.split(","))})
+        base.update(parse_shape_key(shape))
     base[prob.batch_dim] = batch
     return base
 
 
 def tune_exact(prob, shape: dict, args, table: pathlib.Path) -> int:
-    spec = ",".join(f"{k}={v}" for k, v in shape.items())
-    command = [sys.executable, "-m", "autofuse.cli", "tune", prob.name, "--shape", spec, "--precision", args.precision,
-               "--dtype", args.dtype, "--table", str(table), "--budget", "quick", "--no-batch-classes",
-               "--no-autograd-entry", "--no-progress"]
+    command = [sys.executable, "-m", "autofuse.cli", "tune", prob.name, "--shape", shape_key(shape),
+               "--precision", args.precision, "--dtype", args.dtype, "--table", str(table), "--budget", "quick",
+               "--no-batch-classes", "--no-autograd-entry", "--no-progress"]
     if args.mode:
         command += ["--mode", args.mode]
     if args.variants:

@@ -763,15 +763,14 @@ def bf16_model_rounds_as_the_reference() -> list[str]:
 
 
 def build_case_bf16(prob, shape, lift):
-    """A bfloat16 model of ``prob`` at ``shape`` (default init args) and a bfloat16 input; ``lift``
-    shifts linear's bias so that most logits sit near the clamp (z near log(hidden) + 10)."""
-    args, kwargs = prob.init_args(shape)
-    torch.manual_seed(4)
-    model = prob.model(*args, **kwargs)
+    """The gate's bfloat16 model of ``prob`` at ``shape`` (default init, randn input), linear's bias
+    shifted by ``lift`` so that most logits sit near the clamp (z near log(hidden) + 10)."""
+    from autofuse.tuning.gate import build_case
+
+    model, x = build_case(prob, CheckCase(shape, "randn", 5, False), "cpu", torch.bfloat16, "train")
     with torch.no_grad():
         model.matmul.bias += lift
-    x = torch.randn(shape["batch_size"], shape["input_size"], generator=torch.Generator().manual_seed(5))
-    return model.bfloat16(), x.bfloat16()
+    return model, x
 
 
 def _kernelbench_bf16(tmp, export_kernelbench) -> list[str]:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 # parts_block is imported for the variant, which sizes its launches through this module.
-from autofuse.kernels.triton.gemm import exp_nonpositive, parts_block, store_gradient  # noqa: F401
+from autofuse.kernels.triton.gemm import bfloat16_round, exp_nonpositive, parts_block, store_gradient  # noqa: F401
 
 
 @triton.jit
@@ -26,7 +26,11 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
     part_sum_ptr, t, lo, hi)."""
     bias_ptr, y_ptr, q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
     y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if bias_ptr.dtype.element_ty == tl.bfloat16:  # a bfloat16 model: its rounding, step by step
+    # A bfloat16 model rounds where its bfloat16 reference stores a tensor: linear's output, x·s
+    # (x + x and the clamp are exact), and in the finish logsumexp's sum, log and z, and mish(z).
+    # The float32-exact output lies up to ~1.5% from that reference at the default clamp (z near
+    # 10-19, z·mish(z) near 100-360), past KernelBench's atol = rtol = 1e-2.
+    if bias_ptr.dtype.element_ty == tl.bfloat16:
         y = bfloat16_round(y)
         v = tl.minimum(tl.maximum(bfloat16_round(y * (t * 0.5)) * 2.0, lo), hi)
     else:
@@ -44,20 +48,6 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
         inside = (y * t >= lo) & (y * t <= hi)
         q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def bfloat16_round(v):
-    """v (float32) rounded to bfloat16 to nearest even and back: where a bfloat16 model's forward
-    stores a tensor. A bfloat16 model's reference rounds linear's output, x·s, logsumexp's z and
-    mish(z) so; its result then differs from the float32-exact one by up to ~1% at the default
-    clamp (z near 19, z·mish(z) near 360), past KernelBench's atol = rtol = 1e-2 against that
-    reference, so a bfloat16 model's kernels round where it does (x + x and the clamp are exact).
-    In bits, ties to even, as torch rounds: Triton's interpreter converts to bfloat16 by truncation.
-    A NaN stays NaN; a value past bfloat16's largest becomes inf, as in torch."""
-    bits = v.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit

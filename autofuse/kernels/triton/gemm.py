@@ -100,6 +100,16 @@ def round_tf32(v):
 
 
 @triton.jit
+def bfloat16_round(v):
+    """``v`` (float32) rounded to bfloat16 to nearest even and back, in bits, as torch rounds where a
+    bfloat16 model stores a tensor (Triton's interpreter converts to bfloat16 by truncation, so a
+    conversion would differ on the CPU). A NaN stays NaN; past bfloat16's largest is inf, as in torch."""
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 and 3xfp16 only."""
     if MODE == "fp16" or MODE == "3xfp16":
@@ -229,10 +239,10 @@ def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, p
     path chains into acc itself, in the main loop's layout: the FMA path's second accumulator and
     its layout change pushed tf32 99's 128×256 kernel (255 registers already) into spills (2692
     bytes of spill stores compiled for sm_90, 468 this way; 22's 1216 and 124), and 99's forward
-    to 1.01x cuBLAS TF32's time, 0.82x this way (0.271 against 0.329 ms, H100). One stage: the fast loop's pipeline keeps the shared memory, and this path is the rare
-    one. The originals are read through their (row, k) strides, so a transposed view serves (the
-    backward's dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant to Triton, so the forward's loads stay
-    contiguous)."""
+    to 1.01x cuBLAS TF32's time, 0.82x this way (0.271 against 0.329 ms, H100). One stage: the
+    fast loop's pipeline keeps the shared memory, and this path is the rare one. The originals are
+    read through their (row, k) strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ;
+    a stride of 1 is a constant to Triton, so the forward's loads stay contiguous)."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.where(rm < M, rm, 0)

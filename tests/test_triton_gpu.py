@@ -76,13 +76,15 @@ WIDE_SIZES = ((1, 1024, 768), (37, 1000, 777), (512, 1024, 768))
 def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
     """dx and dW of ``Fp16Gemms`` on wide rows of x, W and dy (``wide_gradient_inputs``), M = 1e4 ...
     1e30, their partners zeroed or not: within 2x cuBLAS fp32's relative error against float64, or
-    2⁻²⁰ (float32's unit roundoff times 16) where that is larger.
+    2⁻²² (the split's own accuracy per element) where that is larger. The floor is for cases whose
+    norm rests on a few outputs: with W's 4 wide columns on every row at batch 1, dx's error is
+    that of 4 sums of 1024 products, and cuBLAS erred 6.0e-8 there against its 1.2-1.9e-7 on the
+    other cases, the split 1.3e-7 (H100).
 
-    The 2⁻²⁰ is what an H100 measured, not the issue's target (2x cuBLAS): at these short
-    contractions (K 768-1000) cuBLAS fp32 erred 1.2-1.9e-7 and dx here 3.5-5.7e-7 (2.3-4.8x) on the
-    wide families of W and dy, the same at M = 1e8 and 1e30 (the range check holds; the split's own
-    2⁻²² and the exact path's k-slice sums set the floor), dW within 2x everywhere. Without the range
-    check dx and dW erred 0.2-1 (tests/interpreted/check_triton.py, wide_gradients)."""
+    Until the exact path summed its k-slices apart and the few-terms rule flagged rows carried by a
+    few entries, dx erred 2.3-4.8x cuBLAS fp32's on the wide families of W and dy here and dW at
+    batch 1 2.4-6.5x (H100). Without the range check dx and dW erred 0.2-1
+    (tests/interpreted/check_triton.py, wide_gradients)."""
     import itertools
 
     from autofuse.core.precision import math_mode
@@ -108,9 +110,9 @@ def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
             with math_mode("ieee"):
                 floor = relative_error(a @ b, exact)
             error = relative_error(got, exact)
-            if not error <= max(2 * floor, 2.0 ** -20):
+            if not error <= max(2 * floor, 2.0 ** -22):
                 failures.append(f"{(m, n, k)} {side} rows ({span}) x{ratio:.0e} zeroed={zeroed}: {name} {error:.3g} "
-                                f"> 2x cuBLAS fp32's {floor:.3g} and 2^-20")
+                                f"> 2x cuBLAS fp32's {floor:.3g} and 2^-22")
     assert not failures, "\n".join(failures)
 
 

@@ -634,7 +634,7 @@ def wide_rows(problem: str, config: str) -> list[str]:
     return failures
 
 
-def _flag_cases(ratio: float) -> dict:
+def _flag_cases(ratio: float, split: bool) -> dict:
     """name: (x, W, x's rows to flag, W's rows to flag), K = 8192; the wide rows ``ratio`` wide."""
     generator = torch.Generator().manual_seed(2)
     k, n = 8192, 48
@@ -654,7 +654,8 @@ def _flag_cases(ratio: float) -> dict:
             "randn batch 1": (randn(1, k), randn(n, k) / k ** 0.5, [], []),
             "large": (100 * randn(5, k), randn(n, k), [], []),
             "relu batch 1": (randn(1, k).clamp_min(0), randn(n, k) / k ** 0.5, [], []),
-            "outlier features": (outliers, randn(n, k) / k ** 0.5, [], []),
+            # 16 entries 1e8 (> 2²⁴) times the rest carry each row: the few-terms rule under split_fp16
+            "outlier features": (outliers, randn(n, k) / k ** 0.5, [0, 1, 2, 3] if split else [], []),
             "wide x row": (x_wide, w_zeroed, [2], []),
             "wide W row": (x_zeroed, w_wide, [], [5]),
             # W's flag is made once with its parts, whatever x: its wide row is flagged even where x's
@@ -665,8 +666,9 @@ def _flag_cases(ratio: float) -> dict:
 def wide_rows_flags() -> list[str]:
     """The range check flags rows by their effect, not by what they hold: ordinary rows of 8192
     (rand, randn, large; each holds values far below its max, whose loss is far below fp32's
-    error) are not flagged, x's or W's, at batch 1 and 5, nor ReLU-like x (half zeros) at batch 1,
-    nor x with outlier features (16 columns 1e8 times the rest, W's columns ordinary). A wide row of
+    error) are not flagged, x's or W's, at batch 1 and 5, nor ReLU-like x (half zeros) at batch 1.
+    x with outlier features (16 columns 1e8 times the rest, W's columns ordinary) is flagged under
+    split_fp16 by the few-terms rule (16 entries carry each row), not under scaled_fp16. A wide row of
     x (M = 1e8 under split_fp16, 1e12 under scaled_fp16, whose 11-bit parts hold 1e8; W's matching
     columns zero) is flagged, and only it; a wide row of W is flagged whatever x (W's flag is made
     once, with its cached parts)."""
@@ -674,7 +676,7 @@ def wide_rows_flags() -> list[str]:
 
     failures = []
     for split in (True, False):
-        for name, (x, w, want_x, want_w) in _flag_cases(1e8 if split else 1e12).items():
+        for name, (x, w, want_x, want_w) in _flag_cases(1e8 if split else 1e12, split).items():
             parts, check = host.fp16_weight_parts(w, split)
             xs, ws = host.fp16_input_parts(x, split, parts, check)
             got_x = (xs[2] < 0).nonzero().flatten().tolist()
@@ -859,7 +861,10 @@ def _gradient_flag_cases() -> dict:
     cases = {"randn": ordinary(randn(m, n), randn(m, k)), "rand": ordinary(torch.rand(m, n, generator=generator),
                                                                          torch.rand(m, k, generator=generator)),
              "large": ordinary(100 * randn(m, n), 100 * randn(m, k)),
-             "relu x, batch 1": ordinary(randn(1, n), randn(1, k).clamp_min(0)),
+             # batch 1: dW = dyᵀ·x is one product an element, so every column of dy and x is flagged
+             # by the few-terms rule (the split's ~2⁻²³ against float32's exact product)
+             "relu x, batch 1": (randn(1, n), randn(1, k).clamp_min(0), randn(n, k) / k ** 0.5, [], [],
+                                 list(range(n)), list(range(k))),
              "softmax-like dy": ordinary(torch.softmax(4 * randn(m, n), dim=1) * randn(m, n), randn(m, k))}
     outliers = randn(m, k)
     outliers[:, :16] *= 1e8
@@ -883,8 +888,8 @@ def _gradient_flag_cases() -> dict:
 
 def wide_gradients_flags() -> list[str]:
     """The backward's range check flags by effect: ordinary dy, x and W at 256 × 1024 (rand, randn,
-    large, ReLU-like x at batch 1, a softmax-like dy, x with outlier features on every row) leave
-    every row and column unflagged; a wide row of x, W or dy whose partners are zero flags exactly
+    large, a softmax-like dy, x with outlier features on every row) leave every row and column
+    unflagged, and at batch 1 (ReLU-like x) every column of dy and x is (the few-terms rule); a wide row of x, W or dy whose partners are zero flags exactly
     the rows (dy's, dx) and columns (W's, dx; dy's and x's, dW) that hold its wide entries. The
     checked scales equal the unchecked ones in magnitude."""
     from autofuse.kernels.triton import backward as triton_backward

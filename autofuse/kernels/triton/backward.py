@@ -20,7 +20,7 @@ tile holding one is multiplied in float32 from dy, Wᵀ or xᵀ, read in place t
 weighted by W's row maxima, kept with W's column parts); W's columns as the forward's W (the count
 rule, made once per W); the columns of dy and x by their losses weighted by the other's row maxima
 (``dw_operands``). On ordinary inputs the check costs the column passes a load of the row weights,
-(2 ×) chunks × columns floats written and read back by ``column_flags`` (one launch per operand),
+(3 or 2) × chunks × columns floats written and read back by ``column_flags`` (one launch per operand),
 a zeroed buffer of 2·(batch + 1) floats and atomics only where a row's running max grows.
 The tile configuration is the variant's own (its forward's tuned one); TMA where the
 contraction's float16 rows are 16-byte aligned, pointer loads otherwise.
@@ -47,6 +47,7 @@ from autofuse.kernels.triton.host import (
     gemm_kernels,
     interpreting,
     launch_grid,
+    launch_main_loop,
     loop_operands,
 )
 
@@ -90,7 +91,8 @@ class Fp16Gemms(CublasGemms):
         out = torch.empty(m, n, device=a[0].device)
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
         kernels = gemm_kernels()
-        kernels.persistent_gemm[launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device)](
+        launch_main_loop(
+            launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device),
             **loop_operands(a, b, True, blocks), M=m, N=n, K=k, epilogue_args=(out,), BLOCK_M=p["block_m"],
             BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE="3xfp16", TMA=blocks is not None,
             EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), EPILOGUE=kernels.epilogue("store_tile"),
@@ -175,7 +177,8 @@ def column_parts(t: torch.Tensor, split: bool, maxima: ColumnMaxima | None = Non
         return hi, lo, inv_scale
     block_r, block_c = COLUMN_BLOCK
     check = row_weight is not None or stats
-    losses = torch.empty(2 if row_weight is not None else 1, maxima.chunks, cols, device=t.device) if check else None
+    # losses (or counts of losing elements), counts of terms (``few_terms``), FLAG's budgets
+    losses = torch.empty(3 if row_weight is not None else 2, maxima.chunks, cols, device=t.device) if check else None
     block_p = max(2, 1 << (maxima.chunks - 1).bit_length())
     kernels = gemm_kernels()
     kernels.fp16_col_parts[(-(-cols // block_c), maxima.chunks)](

@@ -155,8 +155,7 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
                      M, N, K, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                     INTERPRET: tl.constexpr, x32_ptr=None, w32_ptr=None, EXACT_K: tl.constexpr = 0,
-                     x32_strides=None, w32_strides=None):
+                     INTERPRET: tl.constexpr, EXACT_K: tl.constexpr = 0):
     """x[rows]·W[cols]ᵀ for one BLOCK_M × BLOCK_N tile, accumulated in float32.
 
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
@@ -165,10 +164,8 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     3xfp16 only; under fp16 and 3xfp16 the sum is of scaled operands (``fp16_row_parts``), and the
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
     With EXACT_K (fp16 modes only) a negative scale marks a row the float16 parts cannot carry
-    (``fp16_row_parts``): a tile holding one skips the main loop and is
-    multiplied from the float32 originals x32_ptr and w32_ptr instead (``exact_tile``), whose
-    (row, k) strides x32_strides and w32_strides give: the backward's originals are dyᵀ, Wᵀ and xᵀ,
-    read in place.
+    (``fp16_row_parts``): a tile holding one skips the main loop (its accumulator is zero), and
+    ``persistent_gemm``'s launch with EXACT_PASS multiplies it again from the float32 originals.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -213,9 +210,6 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
         x_scale = tl.load(x_scale_ptr + rows, mask=rows < M, other=0.0)
         w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
         acc = acc * x_scale[:, None] * w_scale[None, :]  # powers of two, one at a time: exact
-    if EXACT_K > 0:
-        acc = exact_tile(acc, exact, x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M,
-                         BLOCK_N, EXACT_K, MODE == "fp16")
     return acc
 
 
@@ -230,19 +224,20 @@ def tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M: tl.const
 
 
 @triton.jit
-def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr,
+def exact_tile(x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TF32: tl.constexpr = False):
-    """acc + x[rows]·W[cols]ᵀ from the float32 originals where ``exact``, else acc (the loop runs no
-    step): in float32 FMA, each k-slice summed apart and added, as ``split_dot`` does; or (TF32, the
-    tf32 precision's "fp16" mode) on TF32 tensor cores, the originals rounded to TF32 to nearest
-    (``round_tf32``): float32's range at the precision's 11 bits, what cuBLAS's TF32 multiplies. That
-    path chains into acc itself, in the main loop's layout: the FMA path's second accumulator and
-    its layout change pushed tf32 99's 128×256 kernel (255 registers already) into spills (2692
-    bytes of spill stores compiled for sm_90, 468 this way; 22's 1216 and 124), and 99's forward
-    to 1.01x cuBLAS TF32's time, 0.82x this way (0.271 against 0.329 ms, H100). One stage: the
-    fast loop's pipeline keeps the shared memory, and this path is the rare one. The originals are
-    read through their (row, k) strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ;
-    a stride of 1 is a constant to Triton, so the forward's loads stay contiguous)."""
+    """x[rows]·W[cols]ᵀ from the float32 originals, for the range check's flagged tiles (the main
+    loop's launch with EXACT_PASS): in float32 FMA, each k-slice summed apart and added, as
+    ``split_dot`` does; or (TF32, the tf32 precision's "fp16" mode) on TF32 tensor cores, the
+    originals rounded to TF32 to nearest (``round_tf32``): float32's range at the precision's 11
+    bits, what cuBLAS's TF32 multiplies. A launch of its own: inside the fast kernel this path's
+    registers (a slice accumulator beside the tile's, its FMA operands) raised ptxas's spill stores
+    of the fp32 128×128 kernels (sm_90) from 264-300 to 592-724 bytes and cost the training step
+    2-7% (gemm_bn, 99; H100), for tiles that are rare; apart, gemm_bn's fast kernels spill 0-28
+    bytes and 99's forward 688 (1256 with the chained path inside). The originals are read through their (row, k)
+    strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant
+    to Triton, so the forward's loads stay contiguous)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.where(rm < M, rm, 0)
@@ -250,15 +245,16 @@ def exact_tile(acc, exact, x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, p
     rk = tl.arange(0, BLOCK_K)
     a_offsets = rm[:, None].to(tl.int64) * x_strides[0] + rk[None, :].to(tl.int64) * x_strides[1]
     b_offsets = rn[:, None].to(tl.int64) * w_strides[0] + rk[None, :].to(tl.int64) * w_strides[1]
-    steps = tl.where(exact, tl.cdiv(K, BLOCK_K), 0)
-    for kt in tl.range(0, steps, num_stages=1):
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = rk[None, :] < K - kt * BLOCK_K
         a = tl.load(x_ptr + a_offsets, mask=k_ok, other=0.0)
         b = tl.load(w_ptr + b_offsets, mask=k_ok, other=0.0).T
         if TF32:
             acc = tl.dot(round_tf32(a), round_tf32(b), acc, input_precision="tf32")
         else:
-            acc += tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
+            # The slice's sum added by fma(part, 1, acc): Triton folds acc + dot(a, b, 0) into
+            # dot(a, b, acc), one FMA chain over all of K (3-5x cuBLAS fp32's error at K = 1000, H100).
+            acc = tl.fma(tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee"), 1.0, acc)
         a_offsets += BLOCK_K * x_strides[1]
         b_offsets += BLOCK_K * w_strides[1]
     return acc
@@ -299,7 +295,8 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     (W, once per W, its parts cached): each column's max |value| into col_max_ptr (atomically, over
     rows), and 1/s negated where the range loses at least 1 element in WIDE_CANDIDATE. W's flag
     does not depend on x, so no pass over x per call: a per-call test weighted by x's column
-    maxima took atomics over all of x, 0.12 ms at 1024×8192 on an H100 (benchmarks/gpu/wide_rows.py)."""
+    maxima took atomics over all of x, 0.12 ms at 1024×8192 on an H100 (benchmarks/gpu/wide_rows.py).
+    Either way a split row whose sum rests on a few entries is flagged too (``few_terms``)."""
     row = tl.program_id(0).to(tl.int64)
     offsets = tl.arange(0, BLOCK)
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -313,6 +310,8 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     excess = tl.zeros((BLOCK,), dtype=tl.float32)
     budget = tl.zeros((BLOCK,), dtype=tl.float32)
     lost = tl.zeros((BLOCK,), dtype=tl.float32)
+    terms = tl.zeros((BLOCK,), dtype=tl.float32)
+    floor = tl.max(largest) * s * 5.9604644775390625e-08  # 2⁻²⁴ of the scaled row's max: ``few_terms``
     for k in range(0, K, BLOCK):
         ok = k + offsets < K
         v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
@@ -328,10 +327,14 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
                 budget += tl.abs(v) * c
             if STATS:
                 lost += (loss > 0).to(tl.float32)
-    if FLAG:
-        tl.store(inv_scale_ptr + row, tl.where(flag_row(tl.sum(excess), tl.sum(budget), SPLIT), -inv_s, inv_s))
-    if STATS:
-        tl.store(inv_scale_ptr + row, tl.where(tl.sum(lost) * WIDE_CANDIDATE >= K, -inv_s, inv_s))
+            terms += (ok & (tl.abs(v) >= floor)).to(tl.float32)
+    if FLAG or STATS:
+        if FLAG:
+            flagged = flag_row(tl.sum(excess), tl.sum(budget), SPLIT)
+        else:
+            flagged = tl.sum(lost) * WIDE_CANDIDATE >= K
+        flagged = flagged | few_terms(tl.sum(terms), SPLIT)
+        tl.store(inv_scale_ptr + row, tl.where(flagged, -inv_s, inv_s))
 
 
 # The range check's threshold: a row (or a column of the output) is flagged where the loss beyond the
@@ -346,6 +349,16 @@ WIDE_RHO = tl.constexpr(0.25)
 # (tf32: 2²⁸) times the rest has all the rest. A flagged row whose small entries x never reaches
 # costs the exact path for nothing, never accuracy (tests/interpreted/check_triton.py, wide_rows_flags).
 WIDE_CANDIDATE = tl.constexpr(64)
+# The few-terms rule (split_fp16 only): a row with at most FEW_TERMS entries of 2⁻²⁴ of its max or
+# more is flagged. hi + lo carries ~22 of float32's 24 bits, so each product errs up to ~2⁻²³ where
+# float32's are exact; float32's rounding of its running sum outweighs that wherever many terms are
+# added (0.6-0.9x cuBLAS fp32's error at K = 777-1024, a softmax-like dy included), but entries
+# below 2⁻²⁴ of the sum leave float32's sum unchanged, so a row carried by a few entries M ≥ 2²⁴
+# times the rest is all but exactly rounded there: dx and dW erred 1.6-3.6x cuBLAS fp32's on such
+# rows, and at batch 1 (dW = dyᵀ·x: one product an element) 2.4-6.5x, on an H100. Ordinary rows
+# longer than FEW_TERMS are never flagged. TF32's own products round to 11 bits, as the tf32 parts
+# do: no rule there.
+FEW_TERMS = tl.constexpr(16)
 
 
 @triton.jit
@@ -357,6 +370,15 @@ def parts_loss(v, hi, SPLIT: tl.constexpr):
         rest = rest - rest.to(tl.float16).to(tl.float32)
         return tl.maximum(tl.abs(rest) - 2.3841857910156250e-07 * tl.abs(v), 0.0)  # 2⁻²²
     return tl.maximum(tl.abs(rest) - 4.8828125e-04 * tl.abs(v), 0.0)  # 2⁻¹¹
+
+
+@triton.jit
+def few_terms(terms, SPLIT: tl.constexpr):
+    """Under SPLIT, whether a row's count of entries within 2⁻²⁴ of its max (``terms``) is at most
+    FEW_TERMS (an all-zero row counts every entry)."""
+    if SPLIT:
+        return terms <= FEW_TERMS
+    return terms < 0  # never: the same shape as the rule's
 
 
 @triton.jit
@@ -414,8 +436,9 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
     The range check, in halves: this pass writes each chunk's share to loss_ptr and ``column_flags``
     merges the chunks. FLAG (dy's and x's columns, per call): the column's losses and |values|
     weighted by the other operand's row maxima (row_weight_ptr, R + 1 floats, their max last:
-    ``column_max``), (2 × CHUNKS × C) sums; STATS (W's columns, once per W): the count of losing
-    elements, (CHUNKS × C). The rules are ``fp16_row_parts``'s."""
+    ``column_max``); STATS (W's columns, once per W): the count of losing elements. Both with the
+    count of entries within 2⁻²⁴ of the column's max (``few_terms``): (3 or 2 × CHUNKS × C)
+    sums. The rules are ``fp16_row_parts``'s."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     chunks = tl.arange(0, BLOCK_P)
@@ -428,6 +451,8 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
     rows = tl.arange(0, BLOCK_R)
     excess = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     budget = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    terms = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    floor = tl.max(parts, axis=0) * s * 5.9604644775390625e-08  # 2⁻²⁴ of the scaled column's max
     if FLAG:  # the weights over their max, so the sums stay finite at any range
         norm = 1.0 / tl.maximum(tl.load(row_weight_ptr + R), 1.1754943508222875e-38)
     for r in range(first, tl.minimum(first + CHUNK, R), BLOCK_R):
@@ -446,10 +471,12 @@ def fp16_col_parts(src_ptr, part_ptr, hi_ptr, lo_ptr, inv_scale_ptr, R, C, CHUNK
                 budget += tl.abs(v) * weight[:, None]
             else:
                 excess += (loss > 0).to(tl.float32)
+            terms += (mask & (tl.abs(v) >= floor[None, :])).to(tl.float32)
     if FLAG or STATS:
         tl.store(loss_ptr + tl.program_id(1) * C + cols, tl.sum(excess, axis=0), mask=col_ok)
+        tl.store(loss_ptr + (CHUNKS + tl.program_id(1)) * C + cols, tl.sum(terms, axis=0), mask=col_ok)
     if FLAG:
-        tl.store(loss_ptr + (CHUNKS + tl.program_id(1)) * C + cols, tl.sum(budget, axis=0), mask=col_ok)
+        tl.store(loss_ptr + (2 * CHUNKS + tl.program_id(1)) * C + cols, tl.sum(budget, axis=0), mask=col_ok)
 
 
 @triton.jit
@@ -457,19 +484,21 @@ def column_flags(loss_ptr, inv_scale_ptr, R, C, CHUNKS, SPLIT: tl.constexpr, FLA
                  BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
     """The range check's second half for ``fp16_col_parts``: each column's chunk sums merged, and its
     inverse scale negated where the column is flagged, by ``flag_row``'s rule (FLAG) or by the count
-    rule of W's rows (1 element in WIDE_CANDIDATE). One program per column block; it reads (2 ×)
-    CHUNKS × C floats, at most a 128th of the elements the parts pass reads (a chunk is 256+ rows)."""
+    rule of W's rows (1 element in WIDE_CANDIDATE), or by ``few_terms``. One program per column
+    block; it reads (3 or 2) × CHUNKS × C floats, at most a 128th of the elements the parts pass reads (a chunk is 256+ rows)."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     chunks = tl.arange(0, BLOCK_P)
     mask = (chunks < CHUNKS)[:, None] & col_ok[None, :]
     excess = tl.sum(tl.load(loss_ptr + chunks[:, None] * C + cols[None, :], mask=mask, other=0.0), axis=0)
+    terms = tl.sum(tl.load(loss_ptr + (CHUNKS + chunks[:, None]) * C + cols[None, :], mask=mask, other=0.0), axis=0)
     if FLAG:
-        budget = tl.sum(tl.load(loss_ptr + (CHUNKS + chunks[:, None]) * C + cols[None, :], mask=mask, other=0.0),
+        budget = tl.sum(tl.load(loss_ptr + (2 * CHUNKS + chunks[:, None]) * C + cols[None, :], mask=mask, other=0.0),
                         axis=0)
         flagged = flag_row(excess, budget, SPLIT)
     else:
         flagged = excess * WIDE_CANDIDATE >= R
+    flagged = flagged | few_terms(terms, SPLIT)
     inv_s = tl.load(inv_scale_ptr + cols, mask=col_ok, other=1.0)
     tl.store(inv_scale_ptr + cols, tl.where(flagged, -inv_s, inv_s), mask=col_ok)
 
@@ -479,7 +508,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
                     epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
-                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None):
+                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -493,20 +522,31 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     separate arguments: Triton 3.6's CUDA launcher unpacks tensor descriptors at the top level only.
     The arguments keep the order the per-problem kernels had (operands, the epilogue's, M, N, K):
     with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
-    clamp_lse_partials kernel at 255 registers spilled where it had not. ``x32_ptr``, ``w32_ptr``, their
-    (row, k) strides (tuples) and EXACT_K are the range check's exact path (``tile_accumulator``), None
-    and 0 where it is off.
+    clamp_lse_partials kernel at 255 registers spilled where it had not.
+
+    The range check's exact path (EXACT_K > 0; ``host.launch_main_loop``): the fast launch hands a
+    flagged tile (``tile_flagged``) to EPILOGUE with a zero accumulator, and a second launch with
+    EXACT_PASS visits only the flagged tiles, multiplies them from the float32 originals ``x32_ptr``
+    and ``w32_ptr`` through their (row, k) strides (tuples; ``exact_tile``) and hands them to EPILOGUE
+    again, which overwrites what the first wrote (an epilogue writes each tile's outputs and
+    partials whole, never accumulating across launches). None and 0 where the check is off.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc, x_scale_ptr,
-                               w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE, TMA, EVEN_K,
-                               INTERPRET, x32_ptr, w32_ptr, EXACT_K, x32_strides, w32_strides)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
+        if EXACT_PASS:
+            if tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N):
+                acc = exact_tile(x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N,
+                                 EXACT_K, MODE == "fp16")
+                EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
+        else:
+            acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
+                                   x_scale_ptr, w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE,
+                                   TMA, EVEN_K, INTERPRET, EXACT_K)
+            EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
 
 
 @triton.jit

@@ -69,8 +69,8 @@ def row_parts_block(cols: int) -> int:
     return min(2048, max(16, 1 << (max(cols, 1) - 1).bit_length()))
 
 
-# The range check's exact path (docs/precision.md; ``gemm.exact_tile``: float32 FMA, TF32 under tf32; one
-# stage): its k-slice.
+# The range check's exact path (docs/precision.md; ``gemm.exact_tile``: float32 FMA, TF32 under tf32; a
+# launch of its own, ``launch_main_loop``): its k-slice.
 EXACT_K = 32
 
 
@@ -164,6 +164,16 @@ def launch_grid(m: int, n: int, block_m: int, block_n: int, persistent: bool, de
         return (tiles,)
     programs = 4 if device.type != "cuda" else sm_count(device.index if device.index is not None else 0)
     return (min(tiles, programs),)
+
+
+def launch_main_loop(grid: tuple[int], **arguments: Any) -> None:
+    """``gemm.persistent_gemm`` with ``arguments`` (``loop_operands``' and the launch's), and where
+    they carry the range check's exact path (EXACT_K) its second launch, which multiplies the
+    flagged tiles again from the float32 sources (no host sync: each program reads the flags)."""
+    kernel = gemm_kernels().persistent_gemm
+    kernel[grid](**arguments)
+    if arguments.get("EXACT_K"):
+        kernel[grid](**arguments, EXACT_PASS=True)
 
 
 def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[int, int, int] | None,

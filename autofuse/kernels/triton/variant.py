@@ -48,6 +48,7 @@ from autofuse.kernels.triton.host import (
     interpreting,
     kernel_module,
     launch_grid,
+    launch_main_loop,
     loop_operands,
     round_tf32,
     split_tf32,
@@ -400,7 +401,7 @@ class TritonVariant(Variant):
         ``launch_grid``'s."""
         p, (m, k), n = self.params, xs[0].shape, weights[0].shape[0]
         grid = launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], xs[0].device)
-        gemm_kernels().persistent_gemm[grid](**self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
-                                             EPILOGUE=self.module().epilogue(epilogue))
+        launch_main_loop(grid, **self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
+                         EPILOGUE=self.module().epilogue(epilogue))
 
 

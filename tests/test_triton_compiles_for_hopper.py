@@ -67,8 +67,9 @@ def _on_any_device(*tensors, dtypes=(torch.float32,)):
     return all(t.dtype in dtypes and t.is_contiguous() for t in tensors)
 
 
-def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False):
-    """The launches of the variant's forward, or with ``backward`` those of its backward after it."""
+def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False, dtype=torch.float32):
+    """The launches of the variant's forward, or with ``backward`` those of its backward after it,
+    on a model of ``dtype``."""
     # The kernel modules are imported anew with the interpreter off: another test of this session
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
@@ -80,7 +81,7 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
     monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
     prob = registry.get_problem(problem)
     shape = dict(zip(prob.dims, SHAPES[problem]))
-    model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", torch.float32, mode)
+    model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", dtype, mode)
     variant = registry.get_variant(problem, "triton")(precision, **params)
     with torch.set_grad_enabled(grad):
         model.requires_grad_(grad)
@@ -174,6 +175,21 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
     assert names, problem
     if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
         assert {"persistent_gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here
+
+
+@pytest.mark.parametrize("problem,mode", CASES)
+def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode):
+    """A bfloat16 model's forward under bf16 (its own epilogue branches: gemm_bn's and 22's rounding
+    as the reference stores tensors), with and without a gradient, at the tuner's first configuration."""
+    params = configurations(problem, "bf16")[0]
+    names = set()
+    for grad in (False, True):
+        for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, "bf16", params, grad,
+                                                  dtype=torch.bfloat16):
+            kernel = compile_for_hopper(fn, args, dict(kwargs))
+            assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes"
+            names.add(fn.__name__)
+    assert "persistent_gemm" in names, names
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])

@@ -25,7 +25,9 @@ The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels: tri
 A bfloat16 model (under bf16): its parameters and running statistics are loaded as float32, every
 statistic and coefficient is float32 (eval's k and shift computed in float32 from them), the
 output is written in bfloat16, and the running statistics are updated in float32 and stored back
-rounded to bfloat16, as PyTorch's BatchNorm does with bfloat16 ones.
+rounded to bfloat16, as PyTorch's BatchNorm does with bfloat16 ones. In training its z is taken
+as its reference stores linear's output and x·s, rounded to bfloat16 (``bfloat16_model_z``), so the
+output is the reference's, not one up to ~4 bfloat16 steps from it.
 
 Preconditions: float32 tensors, or a bfloat16 model's under bf16 (made contiguous; running
 statistics contiguous, updated in place) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.
@@ -99,7 +101,9 @@ class TritonGemmBn(TritonVariant):
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype)
         part_mean = torch.empty(row_tiles, n_out, device=x.device)
         part_m2 = torch.empty_like(part_mean)
-        self.launch_gemm("column_partials", xs, weights, (z, part_mean, part_m2))
+        bfloat16_model = self.model_dtype(weight) == torch.bfloat16  # rounds y as its reference stores it
+        rounding = (ops.bias, ops.scale) if bfloat16_model else (None, None)
+        self.launch_gemm("column_partials", xs, weights, (z, part_mean, part_m2, *rounding))
         var, coef = torch.empty(2, n_out, device=x.device)
         update = ops.running_mean is not None
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed

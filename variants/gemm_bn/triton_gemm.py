@@ -27,7 +27,7 @@ statistic and coefficient is float32 (eval's k and shift computed in float32 fro
 output is written in bfloat16, and the running statistics are updated in float32 and stored back
 rounded to bfloat16, as PyTorch's BatchNorm does with bfloat16 ones. In training its z is taken
 as its reference stores linear's output and x·s, rounded to bfloat16 (``bfloat16_model_z``), so the
-output is the reference's, not one up to ~4 bfloat16 steps from it.
+output is the reference's, not one 2 bfloat16 steps from it (39's size, KernelBench's inputs).
 
 Preconditions: float32 tensors, or a bfloat16 model's under bf16 (made contiguous; running
 statistics contiguous, updated in place) on CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes.

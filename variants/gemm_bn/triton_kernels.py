@@ -58,9 +58,9 @@ def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args
 
 @triton.jit
 def to_store(v, ptr):
-    """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first: Triton's
-    interpreter converts by truncation, the GPU to nearest, and the CPU checks hold the kernels to
-    the bfloat16 reference bit for bit."""
+    """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first: the GPU
+    converts so, Triton's interpreter by truncation, and the CPU checks hold a bfloat16 model's
+    output to within one bfloat16 step of its reference."""
     if ptr.dtype.element_ty == tl.bfloat16:
         v = bfloat16_round(v)
     return v.to(ptr.dtype.element_ty)

@@ -927,9 +927,10 @@ def _gradient_flag_cases() -> dict:
 def wide_gradients_flags() -> list[str]:
     """The backward's range check flags by effect: ordinary dy, x and W at 256 × 1024 (rand, randn,
     large, a softmax-like dy, x with outlier features on every row) leave every row and column
-    unflagged, and at batch 1 (ReLU-like x) every column of dy and x is (the few-terms rule); a wide row of x, W or dy whose partners are zero flags exactly
-    the rows (dy's, dx) and columns (W's, dx; dy's and x's, dW) that hold its wide entries. The
-    checked scales equal the unchecked ones in magnitude."""
+    unflagged, and at batch 1 (ReLU-like x) every column of dy and x is (the few-terms rule); a
+    wide row of x, W or dy whose partners are zero flags exactly the rows (dy's, dx) and columns
+    (W's, dx; dy's and x's, dW) that hold its wide entries. The checked scales equal the unchecked
+    ones in magnitude."""
     from autofuse.kernels.triton import backward as triton_backward
     from autofuse.kernels.triton import host
 

@@ -485,7 +485,8 @@ def column_flags(loss_ptr, inv_scale_ptr, R, C, CHUNKS, SPLIT: tl.constexpr, FLA
     """The range check's second half for ``fp16_col_parts``: each column's chunk sums merged, and its
     inverse scale negated where the column is flagged, by ``flag_row``'s rule (FLAG) or by the count
     rule of W's rows (1 element in WIDE_CANDIDATE), or by ``few_terms``. One program per column
-    block; it reads (3 or 2) × CHUNKS × C floats, at most a 128th of the elements the parts pass reads (a chunk is 256+ rows)."""
+    block; it reads (3 or 2) × CHUNKS × C floats, at most a 128th of the elements the parts pass
+    reads (a chunk is 256+ rows)."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     chunks = tl.arange(0, BLOCK_P)

@@ -101,8 +101,8 @@ class TritonGemmBn(TritonVariant):
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype)
         part_mean = torch.empty(row_tiles, n_out, device=x.device)
         part_m2 = torch.empty_like(part_mean)
-        bfloat16_model = self.model_dtype(weight) == torch.bfloat16  # rounds y as its reference stores it
-        rounding = (ops.bias, ops.scale) if bfloat16_model else (None, None)
+        dtype = self.model_dtype(weight)  # a bfloat16 model rounds y as its reference stores it
+        rounding = (ops.bias, ops.scale) if dtype == torch.bfloat16 else (None, None)
         self.launch_gemm("column_partials", xs, weights, (z, part_mean, part_m2, *rounding))
         var, coef = torch.empty(2, n_out, device=x.device)
         update = ops.running_mean is not None
@@ -111,7 +111,7 @@ class TritonGemmBn(TritonVariant):
             part_mean, part_m2, var, coef, ops.bias, ops.scale, ops.gamma, ops.running_mean, ops.running_var,
             ops.eps, factor, batch, n_out, tile_m, row_tiles, BLOCK_C=FINISH_COLUMNS, UPDATE=update)
         shift = part_mean  # bn_finish's: z − μ = z + shift[row // tile_m]
-        dtype = self.model_dtype(weight)  # in place where z has the output's dtype and is not saved
+        # in place where z has the output's dtype and is not saved
         out = torch.empty(batch, n_out, device=x.device, dtype=dtype) if save or z.dtype != dtype else z
         rows, cols = NORMALIZE_BLOCK
         rows = gradients.row_block(rows, shift, tile_m)

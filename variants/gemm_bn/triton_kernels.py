@@ -42,7 +42,11 @@ def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args
     """Training's epilogue (``persistent_gemm``): the tile's (mean, M2) per column into row pid_m
     of the partials, and z less its tile's mean. args: (z_ptr, part_mean_ptr, part_m2_ptr,
     bias_ptr, scale_ptr), the last two a bfloat16 model's (else None): its z is taken as its
-    bfloat16 reference stores y (``bfloat16_model_z``)."""
+    bfloat16 reference stores y (``bfloat16_model_z``) and stored rounded to nearest in bits
+    (``to_store``). A float32 model's bfloat16 z under bf16 keeps the plain conversion, whose
+    truncation on the CPU puts the scale's gradient (an eps-sized difference) at 0.009 of float64
+    in ``bn_without_running_stats`` where rounding to nearest, as the GPU stores it, puts it at
+    0.031 (bf16's bound: 0.015)."""
     z_ptr, part_mean_ptr, part_m2_ptr, bias_ptr, scale_ptr = args
     if scale_ptr is not None:
         acc = bfloat16_model_z(acc, bias_ptr, scale_ptr, rn, col_ok)
@@ -52,8 +56,8 @@ def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args
     centred = tl.where(row_ok[:, None], acc - tile_mean[None, :], 0.0)
     tl.store(part_mean_ptr + pid_m * N + rn, tile_mean, mask=col_ok)
     tl.store(part_m2_ptr + pid_m * N + rn, tl.sum(centred * centred, axis=0), mask=col_ok)
-    if scale_ptr is not None:  # a bfloat16 model: rounded to nearest on the CPU too (``to_store``)
-        centred = to_store(centred, z_ptr)
+    if scale_ptr is not None:  # a bfloat16 model's z (bfloat16): rounded to nearest on the CPU too
+        centred = bfloat16_round(centred)
     tl.store(z_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], centred.to(z_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
@@ -62,10 +66,8 @@ def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args
 def to_store(v, ptr):
     """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first: the GPU
     converts so, Triton's interpreter by truncation, and the CPU checks hold a bfloat16 model's
-    output to within one bfloat16 step of its reference. A bfloat16 model's stores only: a float32
-    model's bfloat16 z under bf16 keeps the plain conversion, whose truncation on the CPU puts the
-    scale's gradient (an eps-sized difference) at 0.009 of float64 in ``bn_without_running_stats``
-    where rounding to nearest, as the GPU stores it, puts it at 0.031 (bf16's bound: 0.015)."""
+    output to within one bfloat16 step of its reference (only a bfloat16 model's output is
+    bfloat16)."""
     if ptr.dtype.element_ty == tl.bfloat16:
         v = bfloat16_round(v)
     return v.to(ptr.dtype.element_ty)

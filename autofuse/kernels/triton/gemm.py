@@ -234,9 +234,9 @@ def exact_tile(x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_
     registers (a slice accumulator beside the tile's, its FMA operands) raised ptxas's spill stores
     of the fp32 128×128 kernels (sm_90) from 264-300 to 592-724 bytes and cost the training step
     2-7% (gemm_bn, 99; H100), for tiles that are rare; apart, gemm_bn's fast kernels spill 0-28
-    bytes and 99's forward 688 (1256 with the chained path inside). The originals are read through their (row, k)
-    strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ; a stride of 1 is a constant
-    to Triton, so the forward's loads stay contiguous)."""
+    bytes and 99's forward 688 (1256 with the chained path inside). The originals are read through
+    their (row, k) strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ; a stride of
+    1 is a constant to Triton, so the forward's loads stay contiguous)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

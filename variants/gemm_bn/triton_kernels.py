@@ -83,10 +83,13 @@ def bfloat16_model_z(acc, bias_ptr, scale_ptr, rn, col_ok):
     1e-2, which those two roundings, scaled up by BatchNorm's 1/σ (a column's mean is 3-5 times its
     spread there), put 0.0625 from the float32-exact output. The backward differentiates through
     them as the reference's autograd does, as if they were not there."""
-    b = tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    s = tl.load(scale_ptr + rn, mask=col_ok, other=1.0).to(tl.float32)[None, :]
+    b = tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    s = tl.load(scale_ptr + rn, mask=col_ok, other=1.0).to(tl.float32)
+    # a reciprocal per column, not a division per element: y2·(1/s) is within a float32 step of y2/s
+    inverse = tl.where(s != 0.0, 1.0 / s, 0.0)[None, :]
+    b, s = b[None, :], s[None, :]
     y2 = bfloat16_round(bfloat16_round(acc + b) * s)
-    return tl.where(s != 0.0, y2 / s - b, acc)
+    return tl.where(s != 0.0, y2 * inverse - b, acc)
 
 
 @triton.jit

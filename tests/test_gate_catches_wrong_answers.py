@@ -301,3 +301,32 @@ def test_the_plugin_conformance_kit_catches_a_split_without_a_range_check():
     cases = conformance_cases("matmul_gelu_softmax", seed=5)
     result = check_variant(SplitFp16WithoutRangeCheck("fp32"), registry.get_problem("matmul_gelu_softmax"), cases, "cpu")
     assert not result.ok and " wide " in result.reason, result.reason
+
+
+class RunningVarOff(Wrong):  # gemm_bn: right output, running variance updated 25% too high
+    def forward(self, model, x):
+        out = registry.get_variant(self.problem, "eager")(self.precision)(model, x)
+        with torch.no_grad():
+            model.bn.running_var.mul_(1.25)
+        return out
+
+
+def test_running_statistics_are_held_to_the_floor_as_outputs_are():
+    """A bfloat16 model's own arithmetic puts its running variance ~13% from float64 at batch 2 on
+    large inputs (the variance of two close values, each rounded to bfloat16): eager itself failed
+    the fixed tolerance there. Running statistics now get the outputs' bound, FLOOR_FACTOR times
+    plain PyTorch's error at the precision, so eager passes, and a wrong update still fails."""
+    from autofuse.testing import conformance_cases
+
+    prob = registry.get_problem("gemm_bn")
+    shape = dict(zip(prob.dims, (2, 100, 77)))
+    for seed in range(3):
+        cases = conformance_cases("gemm_bn", seed, (shape,))
+        result = check_variant(registry.get_variant("gemm_bn", "eager")("bf16"), prob, cases, "cpu",
+                               dtype=torch.bfloat16)
+        assert result.ok, result.reason
+    RunningVarOff.problem = "gemm_bn"
+    for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        cases = check_cases(prob, dict(zip(prob.dims, (64, 256, 192))), 321)
+        result = check_variant(RunningVarOff(precision), prob, cases, "cpu", dtype=dtype)
+        assert not result.ok and "bn.running_var (running statistic) wrong" in result.reason, (dtype, result.reason)

@@ -116,10 +116,16 @@ def _model_key(problem, args, kwargs, case, device, dtype, mode) -> tuple | None
 
 def floor_output(model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor:
     """The reference model run at ``precision`` on a copy: what plain PyTorch achieves."""
+    return floor_run(model, x, precision)[0]
+
+
+def floor_run(model: nn.Module, x: torch.Tensor, precision: str) -> tuple[torch.Tensor, nn.Module]:
+    """``floor_output`` and the copy it ran, whose running statistics are plain PyTorch's too."""
     from autofuse.core.variant import EagerVariant
 
+    floor_model = copy.deepcopy(model)
     with torch.no_grad():
-        return EagerVariant(precision)(copy.deepcopy(model), x)
+        return EagerVariant(precision)(floor_model, x), floor_model
 
 
 def poison_allocator(device: torch.device, nbytes: int) -> None:
@@ -201,6 +207,9 @@ class PreparedCase:
     ref: torch.Tensor
     ref_model: nn.Module
     floor: torch.Tensor
+    # The floor's running statistics (``Problem.state_to_compare``): a bfloat16 model's own
+    # arithmetic puts them ~13% from float64 at batch 2 on large inputs (var of two close values).
+    floor_state: dict = dataclasses.field(default_factory=dict)
     # Per (precision, mode): the cotangent and the float64 and floor gradients (``check_gradients``),
     # the same for every candidate checked on the case.
     gradients: dict = dataclasses.field(default_factory=dict)
@@ -209,7 +218,8 @@ class PreparedCase:
 def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> PreparedCase:
     model, x = build_case(problem, case, device, dtype, mode)
     ref, ref_model = problem.reference(model, x)
-    return PreparedCase(case, model, x, ref, ref_model, floor_output(model, x, precision))
+    floor, floor_model = floor_run(model, x, precision)
+    return PreparedCase(case, model, x, ref, ref_model, floor, problem.state_to_compare(floor_model))
 
 
 def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], device, *,
@@ -257,13 +267,16 @@ def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> 
         return float("inf"), reason
     error, reason = compare(out, prepared.ref, prepared.floor, tol)
     if reason is None:
-        reason = _check_side_effects(problem, model, prepared.ref_model, x, prepared.x, params_before, tol)
+        reason = _check_side_effects(problem, model, prepared, x, params_before, tol)
     if reason is None and check_update:
         reason = _check_no_alias(variant, model, x, out) or _check_after_update(variant, problem, model, x, tol)
     return error, reason
 
 
-def _check_side_effects(problem, model, ref_model, x, x_before, params_before, tol) -> str | None:
+def _check_side_effects(problem, model, prepared: PreparedCase, x, params_before, tol) -> str | None:
+    """Input and parameters untouched; running statistics within the tolerance of float64's, or
+    of FLOOR_FACTOR times plain PyTorch's error at the precision, as outputs are."""
+    ref_model, x_before = prepared.ref_model, prepared.x
     if not torch.equal(x, x_before):
         return "the input was modified"
     for name, param in model.named_parameters():
@@ -276,7 +289,7 @@ def _check_side_effects(problem, model, ref_model, x, x_before, params_before, t
             if not torch.equal(buf.cpu(), want.cpu().to(buf.dtype)):
                 return f"buffer {name} is {buf.tolist()}, expected {want.tolist()}"
             continue
-        _, reason = compare(buf, want, None, tol)
+        _, reason = compare(buf, want, prepared.floor_state.get(name), tol)
         if reason is not None:
             return f"buffer {name} (running statistic) wrong: {reason}"
     return None

@@ -361,6 +361,12 @@ def _timed_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
     return ranked
 
 
+def _serves_gradients(variant, job) -> bool:
+    """Whether ``variant`` may serve the key's autograd entry (a variant may serve a bfloat16 model's
+    forward only, gemm_bn's cublas_epilogue)."""
+    return variant.admits(torch.device(job.device).type, parse_dtype(job.dtype), job.precision, autograd=True) is None
+
+
 def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None,
             budget: Budget | None = None):
     """Re-time the best few interleaved, choose, and (optionally) choose among autograd-capable
@@ -373,7 +379,8 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
     grad_winner, grad_rows = None, []
     # Out-of-reach rows take part too: a slower forward can still make the faster training step.
     capable = [row for row in rows if row.result is not None and row.result.timing is not None
-               and row.result.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and variants[row.variant].supports_autograd]
+               and row.result.outcome in (Outcome.OK, Outcome.OUT_OF_REACH)
+               and _serves_gradients(variants[row.variant], job)]
     if capable and budget is not None:
         fastest = min(row.result.timing.median_ms for row in capable)
         capable = [row for row in capable if row.result.timing.median_ms <= budget.grad_reach * fastest]

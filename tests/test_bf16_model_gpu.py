@@ -5,7 +5,8 @@ W as they are (no cast pass, no cached copy), compute every epilogue in float32 
 bfloat16. Each is held to the gate at bf16 against the float64 reference (output, running
 statistics, and gradients of x and every parameter), whose floor is the eager bfloat16 model,
 at odd sizes and batch 1, and at a default shape, where the fused forward and backward are also
-compared with the eager bfloat16 model's directly. The interpreted CPU checks
+compared with the eager bfloat16 model's directly. gemm_bn's cublas_epilogue serves a bfloat16
+model's forward and is held to the eager bfloat16 model's own arithmetic. The interpreted CPU checks
 (tests/test_triton_interpreted.py, ``bf16_model``) cover the kernels' logic; these run them compiled.
 """
 
@@ -94,3 +95,45 @@ def test_single_pass_serves_a_bfloat16_model():
     assert_variant_conforms(problem, "single_pass", device="cuda", precision="bf16", dtype=torch.bfloat16)
     assert_variant_conforms(problem, "single_pass", device="cuda", precision="bf16", dtype=torch.bfloat16,
                             shapes=[dict(prob.default_shapes[0])])
+
+
+def _strip_and_two_kernel_configs(cls, shape) -> list[dict]:
+    """The first strip configuration that holds the batch (if one does) and the first two-kernel one."""
+    configs = cls.configs_for(shape, "cuda", "bf16")
+    strips = [c for c in configs if c["strip_cols"] > 0]
+    return strips[:1] + [c for c in configs if c["strip_cols"] == 0][:1]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_computes():
+    """gemm_bn's cublas_epilogue on a bfloat16 model, without gradients (its autograd keys are the
+    triton variant's): the gate at odd sizes on both paths, then training against the eager
+    bfloat16 model itself, whose arithmetic on the GPU is the one KernelBench's harness compares
+    with, on its rand inputs with linear's bias lifted (a column's mean many times its spread, where
+    BatchNorm's 1/σ scales any other rounding of y or y·s up): the output within 2·2⁻⁸·(|out| + 1)
+    (one bfloat16 step at any |out|; KernelBench allows 2.56 of these units), the running statistics
+    within one step of the model's."""
+    problem = "gemm_bn"
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "cublas_epilogue")
+    for sizes in ((2, 100, 77), (37, 1004, 777), (1025, 1000, 1025)):
+        shape = dict(zip(prob.dims, sizes))
+        for params in _strip_and_two_kernel_configs(cls, shape):
+            assert_variant_conforms(problem, "cublas_epilogue", device="cuda", precision="bf16", params=params,
+                                    dtype=torch.bfloat16, shapes=[shape])
+    for sizes, lift in (((4096, 512, 1024), 4.0), ((1000, 300, 517), 0.0), ((37, 64, 96), 4.0)):
+        shape = dict(zip(prob.dims, sizes))
+        for params in _strip_and_two_kernel_configs(cls, shape):
+            torch.manual_seed(sizes[0])
+            model = prob.build_model(shape).train().cuda().bfloat16()
+            with torch.no_grad():
+                model.gemm.bias += lift
+            reference = copy.deepcopy(model)
+            x = torch.rand(sizes[0], sizes[1], device="cuda").bfloat16()
+            with torch.no_grad():
+                want, got = reference(x).float(), cls("bf16", **params)(model, x).float()
+            steps = ((got - want).abs() / (want.abs() + 1)).max().item() * 2**8
+            assert steps <= 2.0, (sizes, params, steps)
+            for name in ("running_mean", "running_var"):
+                ours, theirs = getattr(model.bn, name).float(), getattr(reference.bn, name).float()
+                assert ((ours - theirs).abs() <= theirs.abs() * 2**-7).all(), (sizes, params, name)

@@ -26,19 +26,31 @@ def test_operand_contract_names_expected_and_got():
     assert operand(strided, "weight", (4, 3), torch.device("cpu")).is_contiguous()  # made contiguous
 
 
+BFLOAT16_MODELS = {("gemm_avgpool_gelu_residual", "single_pass"), ("gemm_bn", "cublas_epilogue")}
+
+
 def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
-    """float32 only, but 51's single_pass, which reads and writes a bfloat16 model's rows too; the
-    others refuse a bfloat16 model naming the dtype and what serves it."""
+    """float32 only, but 51's single_pass, which reads and writes a bfloat16 model's rows too, and
+    gemm_bn's cublas_epilogue (a bfloat16 model's forward); the others refuse a bfloat16 model
+    naming the dtype and what serves it."""
     for problem in ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"):
         for name, cls in registry.variants(problem).items():
             if issubclass(cls, CudaVariant):
-                bf16 = name == "single_pass"
+                bf16 = (problem, name) in BFLOAT16_MODELS
                 assert cls.dtypes == ((torch.float32, torch.bfloat16) if bf16 else (torch.float32,)), name
                 assert cls.devices == ("cuda",) and cls.supports_autograd, name
                 assert cls.admits("cpu", torch.float32, "fp32", False) is not None
                 if not bf16:
                     assert "not bfloat16 (a bfloat16 model is served by the triton variants)" in cls.admits(
                         "cuda", torch.bfloat16, "bf16", False)
+
+
+def test_gemm_bn_cublas_epilogue_serves_a_bfloat16_models_forward_at_bf16_only():
+    cls = registry.get_variant("gemm_bn", "cublas_epilogue")
+    assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=False) is None
+    assert "triton variant" in cls.admits("cuda", torch.bfloat16, "bf16", autograd=True)
+    assert "precision bf16 only" in cls.admits("cuda", torch.bfloat16, "fp32", autograd=False)
+    assert cls.admits("cuda", torch.float32, "bf16", autograd=True) is None
 
 
 class _FakeLibrary:

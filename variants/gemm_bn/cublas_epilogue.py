@@ -25,14 +25,22 @@ changes) and run as one addmm, no extra kernel. With a gradient needed: the GEMM
 out = z·k + shift with k and shift computed from the parameters each call (O(out)), so autograd
 reaches them; z is kept for dk.
 
-Preconditions: float32 CUDA tensors (running statistics contiguous: updated in place); any
-sizes. Kernel: csrc/bn_epilogue.cu.
+A bfloat16 model (under bf16, without gradients: its autograd keys are the triton variant's):
+training takes y = linear(x) as its reference does (cuBLAS's bfloat16 output, bias included) and
+the epilogue reads each element as the reference's x·s, bfloat16(y·s), and normalises that with
+float32 statistics (af_bn_train_bf16): BatchNorm as CUDA computes it on the reference's tensors,
+so KernelBench's harness at bfloat16 finds the output within its tolerance, at half the float32
+path's bytes. Eval folds in float32 and runs one bfloat16 addmm.
+
+Preconditions: float32 CUDA tensors, or a bfloat16 model's (running statistics contiguous:
+updated in place); any sizes. Kernel: csrc/bn_epilogue.cu.
 """
 
 import hashlib
 import pathlib
 
 import torch
+import torch.nn.functional as F
 from autofuse.variants.gemm_bn import cuda_fused, gradients
 from autofuse.variants.gemm_bn.cuda_fused import (
     TrainOperands,
@@ -44,6 +52,7 @@ from autofuse.variants.gemm_bn.cuda_fused import (
 
 from autofuse.core.precision import linear
 from autofuse.core.variant import FoldCache
+from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import fused_call, needs_grad
 from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
@@ -88,8 +97,18 @@ class CublasEpilogueGemmBn(CudaVariant):
     description = ("train: cuBLAS GEMM, then the column strip held on chip (or statistics + normalize passes), "
                    "running stats, z normalised in place; eval: folded addmm")
     source = "csrc/bn_epilogue.cu"
-    launchers = {"af_bn_train": ("ptr",) * 14 + ("float", "float", "int", "int")}
+    launchers = {name: ("ptr",) * 14 + ("float", "float", "int", "int")
+                 for name in ("af_bn_train", "af_bn_train_bf16")}  # float32 model, bfloat16 model
     supports_autograd = True
+    dtypes = (torch.float32, torch.bfloat16)
+
+    @classmethod
+    def admits(cls, device, dtype, precision, autograd):
+        if dtype == torch.bfloat16 and precision != "bf16":
+            return f"a bfloat16 model runs on bfloat16 operands: precision bf16 only, not {precision}"
+        if dtype == torch.bfloat16 and autograd:
+            return "a bfloat16 model's gradients are the triton variant's (this backward takes float32 tensors)"
+        return super().admits(device, dtype, precision, autograd)
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
@@ -109,9 +128,41 @@ class CublasEpilogueGemmBn(CudaVariant):
         return digest.hexdigest()[:16]
 
     def forward(self, model, x):
+        if model.gemm.weight.dtype == torch.bfloat16:
+            if needs_grad(x, *model.parameters()):
+                raise InputError("cublas_epilogue serves a bfloat16 model without gradients only: call it under "
+                                 "torch.no_grad(), or use the triton variant")
+            if uses_batch_statistics(model.bn):
+                return self._train_bfloat16_model(model, x)
+            return self._eval(model, x, torch.bfloat16)
         if uses_batch_statistics(model.bn):
             return self._train(model, x)
         return self._eval(model, x)
+
+    def _train_bfloat16_model(self, model, x):
+        """out from y = linear(x) and the model's bfloat16 tensors (see the module docstring), z's buffer
+        normalised in place."""
+        dtype = torch.bfloat16
+        x = input_operand(x, model.gemm.in_features, dtype)
+        ops = TrainOperands.of(model, x, dtype)
+        n_out = ops.bias.shape[0]
+        w = operand(model.gemm.weight, "gemm.weight", (n_out, x.shape[1]), x.device, dtype)
+        y = F.linear(x, w, ops.bias).contiguous()
+        lib, batch = self.library(x.device), x.shape[0]
+        work = self._workspaces(lib, batch, n_out, x.device)
+        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        self.launch("af_bn_train_bf16", y, y, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
+                    ops.running_var, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
+        return y
+
+    def _workspaces(self, lib, batch, n_out, device):
+        """The two-kernel path's workspaces, or Nones where the strip kernel holds ``batch`` rows."""
+        if lib.af_bn_strip_fits(batch, device.index):
+            return (None,) * 6
+        part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=device)
+        col_mean, col_coef = torch.empty(n_out, device=device), torch.empty(n_out, device=device)
+        arrivals = self._arrival_counters(device, lib.af_bn_strips(n_out))
+        return part_count, part_mean, part_m2, arrivals, col_mean, col_coef
 
     def _train(self, model, x):
         ops = TrainOperands.of(model, input_operand(x, model.gemm.in_features))
@@ -126,12 +177,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
         batch, lib = x.shape[0], self.library(x.device)
         z = linear(x, w, None, self.precision).contiguous()
-        work = (None,) * 6  # the strip kernel needs no workspace
-        if not lib.af_bn_strip_fits(batch, x.device.index):
-            part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=x.device)
-            col_mean, col_coef = torch.empty(n_out, device=x.device), torch.empty(n_out, device=x.device)
-            work = (part_count, part_mean, part_m2, self._arrival_counters(x.device, lib.af_bn_strips(n_out)),
-                    col_mean, col_coef)  # fmt: skip
+        work = self._workspaces(lib, batch, n_out, x.device)
         out = torch.empty_like(z) if save else z
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
         self.launch("af_bn_train", z, out, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
@@ -150,15 +196,16 @@ class CublasEpilogueGemmBn(CudaVariant):
             self._arrivals[key] = counters
         return counters
 
-    def _eval(self, model, x):
+    def _eval(self, model, x, dtype=torch.float32):
+        """A float32 model's or, without gradients, a bfloat16 model's (folded in float32, one bfloat16 addmm)."""
         if needs_grad(x, *model.parameters()):
             return fused_call(self._eval_op, x, model.gemm.weight, *gradients.affine_coefficients(model))
         n_out, n_in = model.gemm.weight.shape
-        x = input_operand(x, n_in)
-        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device)
+        x = input_operand(x, n_in, dtype)
+        w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device, dtype)
         weight, bias = self._folded.get(
             [model.gemm.weight, *eval_dependencies(model)],
-            lambda: self._fold(model, w, x.device),
+            lambda: self._fold(model, w, x.device, dtype),
             extra=(float(model.bn.eps),),
         )
         return linear(x, self.gemm_weight(weight), bias, self.precision)
@@ -172,9 +219,10 @@ class CublasEpilogueGemmBn(CudaVariant):
         return torch.addcmul(shift, z, k), ((x, w, z, k) if save else ())
 
     @staticmethod
-    def _fold(model, w, device):
-        k, shift = eval_coefficients(model, device)
-        return w * k[:, None], shift
+    def _fold(model, w, device, dtype=torch.float32):
+        """W·k and shift in float32; a bfloat16 model's rounded to bfloat16 once, after the fold."""
+        k, shift = eval_coefficients(model, device, dtype)
+        return (w.float() * k[:, None]).to(dtype), shift.to(dtype)
 
 
 @hookimpl

@@ -84,7 +84,7 @@ class TrainOperands:
 
         def vector(t, name, default):
             if t is None:
-                return torch.full((n_out,), default, dtype=torch.float32, device=dev)
+                return torch.full((n_out,), default, dtype=dtype, device=dev)
             return operand(t, name, (n_out,), dev, dtype)
 
         stats = None, None

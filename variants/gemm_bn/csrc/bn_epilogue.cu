@@ -16,10 +16,21 @@
 //     and updates the running statistics. Never E[z²] − E[z]² (see column_stats).
 //   bn_normalize: out ← (z − μ_z)·coef + β (out = z: in place).
 // Both read and write z as float4 when N % 4 == 0 and z is 16-byte aligned, scalars otherwise.
+//
+// A bfloat16 model (af_bn_train_bf16; every tensor bfloat16, T = __nv_bfloat16): z is linear's
+// output y = x·Wᵀ + b as its reference stores it (cuBLAS's bfloat16, bias included), and each
+// element is read as y2 = bfloat16(y·s), the reference's stored x·s. The statistics are those of y2,
+// the normalisation y2's (coef = γ/√(σ²_y2 + eps), a scale of 1 and a bias of 0 in the formulas
+// below), all in float32, the output rounded once: BatchNorm as CUDA computes it on the reference's
+// bfloat16 tensors. Half the bytes of the float32 path; the running statistics are updated in float32
+// and stored back in bfloat16.
 #include "math.cuh"
+
+#include <cuda_bf16.h>
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #ifndef AF_BLOCK
 #define AF_BLOCK 256
@@ -47,21 +58,70 @@ constexpr int NORM_UNROLL = 8;   // rows each bn_normalize thread loads before i
 
 inline int stat_chunks(int M) { return max(1, min(af_ceil_div(M, MIN_CHUNK_ROWS), MAX_CHUNKS)); }
 
-// VEC adjacent floats: one 16-byte access when VEC is 4 (the caller guarantees alignment).
-template <int VEC>
-__device__ __forceinline__ void load_vec(const float* p, float (&v)[VEC]) {
-    if constexpr (VEC == 4) {
+using bf16 = __nv_bfloat16;
+template <typename T>
+constexpr bool BF16_MODEL = std::is_same_v<T, bf16>;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+    if constexpr (BF16_MODEL<T>) return __float2bfloat16_rn(v);
+    else return v;
+}
+
+// VEC adjacent elements as floats: one 16-byte (float) or 8-byte (bfloat16) access when VEC is 4
+// (the caller guarantees alignment).
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+    if constexpr (VEC == 4 && BF16_MODEL<T>) {
+        const uint2 q = *reinterpret_cast<const uint2*>(p);
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+    } else if constexpr (VEC == 4) {
         const float4 q = *reinterpret_cast<const float4*>(p);
         v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     } else {
-        v[0] = *p;
+        v[0] = to_float(*p);
     }
 }
 
-template <int VEC>
-__device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
-    if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    else *p = v[0];
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+    if constexpr (VEC == 4 && BF16_MODEL<T>) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+        uint2 q;
+        q.x = *reinterpret_cast<const unsigned int*>(&lo);
+        q.y = *reinterpret_cast<const unsigned int*>(&hi);
+        *reinterpret_cast<uint2*>(p) = q;
+    } else if constexpr (VEC == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        *p = from_float<T>(v[0]);
+    }
+}
+
+// The VEC columns' scales where a bfloat16 model's z is read as y2 (see the top), else unused.
+template <int VEC, typename T>
+__device__ __forceinline__ void load_scales(const T* scale, int col, float (&s)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s[j] = BF16_MODEL<T> ? to_float(scale[col + j]) : 1.f;
+}
+
+// z's VEC elements as the statistics see them: a bfloat16 model's y2 = bfloat16(y·s), else z itself.
+template <int VEC, typename T>
+__device__ __forceinline__ void model_values(float (&v)[VEC], const float (&s)[VEC]) {
+    if constexpr (BF16_MODEL<T>) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = __bfloat162float(__float2bfloat16_rn(v[j] * s[j]));
+    }
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_model_values(const T* p, const float (&s)[VEC], float (&v)[VEC]) {
+    load_vec<VEC>(p, v);
+    model_values<VEC, T>(v, s);
 }
 
 // Merge the BLOCK/32 row lanes of each of 32 columns (thread = column tid % 32, lane tid / 32);
@@ -83,28 +143,32 @@ struct LaneMerge {
     }
 };
 
+template <typename T>
 struct BnParams {
-    const float* bias;
-    const float* scale;
-    const float* gamma;
-    float* running_mean;  // null with running_var: no running-statistics update
-    float* running_var;
+    const T* bias;
+    const T* scale;
+    const T* gamma;
+    T* running_mean;  // null with running_var: no running-statistics update
+    T* running_var;
     float eps;
     float factor;
 };
 
 // One column's final statistics: returns coef for the normalize step, and updates BatchNorm1d's
 // running statistics of y = (z + b)·s: mean s·(μ_z + b), unbiased variance s²·M2/(n − 1),
-// lerped by factor. Both paths finish their columns here, with one formula.
-__device__ __forceinline__ float bn_column_finish(int col, float n, float mean, float m2, const BnParams& p) {
-    const float s = p.scale[col];
+// lerped by factor (a bfloat16 model's statistics are y2's already: s = 1, b = 0). Both paths
+// finish their columns here, with one formula.
+template <typename T>
+__device__ __forceinline__ float bn_column_finish(int col, float n, float mean, float m2, const BnParams<T>& p) {
+    const float s = BF16_MODEL<T> ? 1.f : to_float(p.scale[col]);
+    const float b = BF16_MODEL<T> ? 0.f : to_float(p.bias[col]);
     const float var = m2 / n;  // biased: what BatchNorm normalises with
     if (p.running_mean != nullptr) {
         const float keep = 1.f - p.factor;
-        p.running_mean[col] = keep * p.running_mean[col] + p.factor * (s * (mean + p.bias[col]));
-        p.running_var[col] = keep * p.running_var[col] + p.factor * (s * s * (m2 / (n - 1.f)));
+        p.running_mean[col] = from_float<T>(keep * to_float(p.running_mean[col]) + p.factor * (s * (mean + b)));
+        p.running_var[col] = from_float<T>(keep * to_float(p.running_var[col]) + p.factor * (s * s * (m2 / (n - 1.f))));
     }
-    return s * p.gamma[col] / sqrtf(s * s * var + p.eps);
+    return s * to_float(p.gamma[col]) / sqrtf(s * s * var + p.eps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,9 +203,9 @@ __device__ __forceinline__ float strip_column_sum(float v, float* red, float* ou
     return total;
 }
 
-template <int VEC>
+template <int VEC, typename T>
 __global__ void __launch_bounds__(STRIP_BLOCK)
-strip_bn(const float* z, float* out, int M, int N, const float* __restrict__ beta, BnParams params) {
+strip_bn(const T* z, T* out, int M, int N, const T* __restrict__ beta, BnParams<T> params) {
     constexpr int C = STRIP_COLS > 0 ? STRIP_COLS : 32;  // 32: never launched, keeps the template valid
     constexpr int PER_ROW = C / VEC;                      // threads (vectors) per strip row
     constexpr int ROW_STEP = STRIP_BLOCK / PER_ROW;       // strip rows one pass of the block covers
@@ -159,12 +223,14 @@ strip_bn(const float* z, float* out, int M, int N, const float* __restrict__ bet
     //    sector); four rows in flight per thread. Columns past N are zero (never written back).
     const int c = (threadIdx.x % PER_ROW) * VEC;
     const bool live = c < width;
+    float s[VEC];
+    load_scales<VEC>(params.scale, live ? col0 + c : 0, s);
     for (int r = threadIdx.x / PER_ROW; r < M; r += 4 * ROW_STEP) {
         float v[4][VEC];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int row = r + u * ROW_STEP;
-            if (live && row < M) load_vec<VEC>(z + (size_t)row * N + col0 + c, v[u]);
+            if (live && row < M) load_model_values<VEC>(z + (size_t)row * N + col0 + c, s, v[u]);
             else
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) v[u][j] = 0.f;
@@ -192,7 +258,7 @@ strip_bn(const float* z, float* out, int M, int N, const float* __restrict__ bet
         const bool in = threadIdx.x < width;
         col_mean[threadIdx.x] = mean;  // thread tid < C holds column tid (sc == tid)
         col_coef[threadIdx.x] = in ? bn_column_finish(col0 + threadIdx.x, n, mean, m2, params) : 0.f;
-        col_beta[threadIdx.x] = in ? beta[col0 + threadIdx.x] : 0.f;
+        col_beta[threadIdx.x] = in ? to_float(beta[col0 + threadIdx.x]) : 0.f;
     }
     __syncthreads();
 
@@ -243,10 +309,10 @@ __device__ __forceinline__ float strip32_sum(const float (&v)[VEC], float (&red)
 // Σd² = n·(σ² + (μ − K)²): about ε·(1 + (μ − K)²/σ²) relative error, and K, a sample of the
 // column, lies within a few σ of μ. Plain Σv² − (Σv)²/n loses ε·μ²/σ²: every digit when
 // |μ| ≫ σ (a large bias or offset). The chunks are then merged with Chan's update as before.
-template <int VEC>
+template <int VEC, typename T>
 __global__ void __launch_bounds__(BLOCK)
-column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* part_count, float* part_mean,
-             float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, BnParams params) {
+column_stats(const T* __restrict__ z, int M, int N, int chunk_rows, float* part_count, float* part_mean,
+             float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, BnParams<T> params) {
     constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
     __shared__ float red[WARPS][COLS];
     __shared__ float shift[COLS];
@@ -259,12 +325,14 @@ column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* p
 #pragma unroll
     for (int j = 0; j < VEC; ++j) k[j] = s1[j] = s2[j] = 0.f;
     if (c0 < N && r0 < r1) {
-        load_vec<VEC>(z + (size_t)r0 * N + c0, k);
+        float s[VEC];
+        load_scales<VEC>(params.scale, c0, s);
+        load_model_values<VEC>(z + (size_t)r0 * N + c0, s, k);
         for (int r = r0 + ly; r < r1; r += STATS_UNROLL * LANES) {
             float v[STATS_UNROLL][VEC];
 #pragma unroll
             for (int u = 0; u < STATS_UNROLL; ++u)
-                if (r + u * LANES < r1) load_vec<VEC>(z + (size_t)(r + u * LANES) * N + c0, v[u]);
+                if (r + u * LANES < r1) load_model_values<VEC>(z + (size_t)(r + u * LANES) * N + c0, s, v[u]);
 #pragma unroll
             for (int u = 0; u < STATS_UNROLL; ++u)
                 if (r + u * LANES < r1) {
@@ -321,22 +389,23 @@ column_stats(const float* __restrict__ z, int M, int N, int chunk_rows, float* p
 // before any is written (the loads and stores go through one pointer, so the compiler would
 // otherwise keep one load in flight). Row blocks run last-to-first: column_stats' grid reads the
 // last chunks of rows last, so those are the rows likeliest still in L2 when this kernel starts.
-template <int VEC>
+template <int VEC, typename T>
 __global__ void __launch_bounds__(BLOCK)
-bn_normalize(const float* z, float* out, const float* __restrict__ col_mean, const float* __restrict__ col_coef,
-             const float* __restrict__ beta, int M, int N) {
+bn_normalize(const T* z, T* out, const float* __restrict__ col_mean, const float* __restrict__ col_coef,
+             const T* __restrict__ beta, const T* __restrict__ scale, int M, int N) {
     constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
     const int cx = threadIdx.x % PER_ROW, ly = threadIdx.x / PER_ROW;
     const int c0 = blockIdx.x * COLS + cx * VEC;
     if (c0 >= N) return;  // N % VEC == 0: the VEC columns are all inside or all outside
-    float mu[VEC], coef[VEC], b[VEC];
+    float mu[VEC], coef[VEC], b[VEC], s[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) mu[j] = col_mean[c0 + j], coef[j] = col_coef[c0 + j], b[j] = beta[c0 + j];
+    for (int j = 0; j < VEC; ++j) mu[j] = col_mean[c0 + j], coef[j] = col_coef[c0 + j], b[j] = to_float(beta[c0 + j]);
+    load_scales<VEC>(scale, c0, s);
     const int first = (gridDim.y - 1 - blockIdx.y) * (NORM_UNROLL * LANES) + ly;
     float v[NORM_UNROLL][VEC];
 #pragma unroll
     for (int u = 0; u < NORM_UNROLL; ++u)
-        if (first + u * LANES < M) load_vec<VEC>(z + (size_t)(first + u * LANES) * N + c0, v[u]);
+        if (first + u * LANES < M) load_model_values<VEC>(z + (size_t)(first + u * LANES) * N + c0, s, v[u]);
 #pragma unroll
     for (int u = 0; u < NORM_UNROLL; ++u)
         if (first + u * LANES < M) {
@@ -366,40 +435,43 @@ AF_EXPORT int af_bn_chunks(int M) { return stat_chunks(M); }
 AF_EXPORT int af_bn_strips(int N) { return af_ceil_div(N, COLS); }
 
 constexpr int MAX_DEVICES = 64;
-// Per device and kernel (scalar, vector): the dynamic shared memory cudaFuncSetAttribute allowed.
-static std::atomic<int> strip_allowed[2][MAX_DEVICES];
+// Per device and kernel (float32 or bfloat16 model, scalar or vector): the dynamic shared memory
+// cudaFuncSetAttribute allowed.
+static std::atomic<int> strip_allowed[2][2][MAX_DEVICES];
 
-template <int VEC>
-static int launch_strip(const float* z, float* out, const float* beta, const BnParams& params, int M, int N, cudaStream_t stream) {
+template <int VEC, typename T>
+static int launch_strip(const T* z, T* out, const T* beta, const BnParams<T>& params, int M, int N,
+                        cudaStream_t stream) {
     int device = 0, limit = 0;
     int status = (int)cudaGetDevice(&device);
     if (status == 0) status = (int)cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (status != 0) return status;
     const size_t bytes = strip_bytes(M);
     if (bytes > (size_t)limit || device >= MAX_DEVICES) return (int)cudaErrorInvalidValue;  // af_bn_strip_fits said no
-    std::atomic<int>& allowed = strip_allowed[VEC == 4][device];
+    std::atomic<int>& allowed = strip_allowed[BF16_MODEL<T>][VEC == 4][device];
     if ((size_t)allowed.load() < bytes) {  // once per device: allow everything the device offers
-        status = (int)cudaFuncSetAttribute(strip_bn<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        status = (int)cudaFuncSetAttribute(strip_bn<VEC, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
         if (status != 0) return status;
         allowed.store(limit);
     }
-    strip_bn<VEC><<<af_ceil_div(N, STRIP_COLS), STRIP_BLOCK, bytes, stream>>>(z, out, M, N, beta, params);
+    strip_bn<VEC, T><<<af_ceil_div(N, STRIP_COLS), STRIP_BLOCK, bytes, stream>>>(z, out, M, N, beta, params);
     AF_CHECK_LAUNCH();
 }
 
-template <int VEC>
-static int launch_two_kernels(const float* z, float* out, const float* beta, const BnParams& params, float* part_count,
+template <int VEC, typename T>
+static int launch_two_kernels(const T* z, T* out, const T* beta, const BnParams<T>& params, float* part_count,
                               float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
                               float* col_coef, int M, int N, cudaStream_t stream) {
     const int chunks = stat_chunks(M);
     const int strips = af_ceil_div(N, COLS);
-    column_stats<VEC><<<dim3(strips, chunks), BLOCK, 0, stream>>>(z, M, N, af_ceil_div(M, chunks), part_count,
+    column_stats<VEC, T><<<dim3(strips, chunks), BLOCK, 0, stream>>>(z, M, N, af_ceil_div(M, chunks), part_count,
                                                                   part_mean, part_m2, arrivals, col_mean,
                                                                   col_coef, params);
     const int status = (int)cudaGetLastError();
     if (status != 0) return status;
     const int rows = NORM_UNROLL * (BLOCK / (COLS / VEC));
-    bn_normalize<VEC><<<dim3(strips, af_ceil_div(M, rows)), BLOCK, 0, stream>>>(z, out, col_mean, col_coef, beta, M, N);
+    bn_normalize<VEC, T><<<dim3(strips, af_ceil_div(M, rows)), BLOCK, 0, stream>>>(z, out, col_mean, col_coef, beta,
+                                                                                  params.scale, M, N);
     AF_CHECK_LAUNCH();
 }
 
@@ -407,21 +479,40 @@ static int launch_two_kernels(const float* z, float* out, const float* beta, con
 // written, by the same thread); running_mean/running_var may both be null (no update). With
 // part_count null the strip kernel runs (the caller asked af_bn_strip_fits), and the other
 // workspaces may be null too; otherwise the two kernels run with them.
-AF_EXPORT int af_bn_train(const float* z, float* out, const float* bias, const float* scale, const float* gamma, const float* beta,
-                          float* running_mean, float* running_var, float* part_count, float* part_mean,
-                          float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, float eps,
-                          float factor, int M, int N, cudaStream_t stream) {
+template <typename T>
+static int bn_train(const T* z, T* out, const T* bias, const T* scale, const T* gamma, const T* beta, T* running_mean,
+                    T* running_var, float* part_count, float* part_mean, float* part_m2, unsigned int* arrivals,
+                    float* col_mean, float* col_coef, float eps, float factor, int M, int N, cudaStream_t stream) {
     if (M == 0 || N == 0) return 0;  // nothing to launch (an empty grid is a launch error)
-    const BnParams params{bias, scale, gamma, running_mean, running_var, eps, factor};
-    // float4 along a row needs every row start 16-byte aligned: N % 4 == 0 and an aligned base.
-    const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+    const BnParams<T> params{bias, scale, gamma, running_mean, running_var, eps, factor};
+    // VEC = 4 along a row needs every row start aligned to 4 elements: N % 4 == 0 and aligned bases.
+    constexpr std::uintptr_t ALIGN = 4 * sizeof(T);
+    const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % ALIGN == 0 &&
+                     reinterpret_cast<std::uintptr_t>(out) % ALIGN == 0;
     if (part_count == nullptr) {
         if (STRIP_COLS == 0) return (int)cudaErrorInvalidValue;
-        return vec ? launch_strip<4>(z, out, beta, params, M, N, stream) : launch_strip<1>(z, out, beta, params, M, N, stream);
+        return vec ? launch_strip<4>(z, out, beta, params, M, N, stream)
+                   : launch_strip<1>(z, out, beta, params, M, N, stream);
     }
-    return vec ? launch_two_kernels<4>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
-                                       M, N, stream)
-               : launch_two_kernels<1>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean, col_coef,
-                                       M, N, stream);
+    return vec ? launch_two_kernels<4>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean,
+                                       col_coef, M, N, stream)
+               : launch_two_kernels<1>(z, out, beta, params, part_count, part_mean, part_m2, arrivals, col_mean,
+                                       col_coef, M, N, stream);
+}
+
+AF_EXPORT int af_bn_train(const float* z, float* out, const float* bias, const float* scale, const float* gamma,
+                          const float* beta, float* running_mean, float* running_var, float* part_count,
+                          float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef,
+                          float eps, float factor, int M, int N, cudaStream_t stream) {
+    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, part_count, part_mean, part_m2,
+                    arrivals, col_mean, col_coef, eps, factor, M, N, stream);
+}
+
+// A bfloat16 model's: z is linear's bfloat16 output with its bias (see the top), every tensor bfloat16.
+AF_EXPORT int af_bn_train_bf16(const bf16* z, bf16* out, const bf16* bias, const bf16* scale, const bf16* gamma,
+                               const bf16* beta, bf16* running_mean, bf16* running_var, float* part_count,
+                               float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
+                               float* col_coef, float eps, float factor, int M, int N, cudaStream_t stream) {
+    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, part_count, part_mean, part_m2,
+                    arrivals, col_mean, col_coef, eps, factor, M, N, stream);
 }

@@ -8,10 +8,16 @@ subtracted (no overflow at any clamp bound) and writes z·mish(z). The (batch ×
 never reach memory, so the time is the GEMM's plus a (batch × tiles) merge. With a gradient
 needed the kernel stores the logits (the backward needs them), under bf16 their softmax factors
 in bfloat16 instead (half the bytes; ``gradients.SoftmaxParts``), and the finish keeps z
-(gradients.py). The main loop is the shared one (``autofuse.kernels.triton.gemm``). Kernels:
-triton_kernels.py. Preconditions: float32 tensors, or a bfloat16 model's under bf16 (its output
-bfloat16, every sum float32), made contiguous, on CUDA, or on the CPU under TRITON_INTERPRET=1;
-any sizes; s, lo, hi read from the model at every call.
+(gradients.py). A bfloat16 model is the exception: its output must round where its bfloat16
+reference does, which rounds each exp(v − max) against the row's max, so the epilogue also stores
+the clamped logits in bfloat16 and ``lse_mish_finish_bf16`` sums them again per row (from the
+pairs alone z was one bfloat16 step off in 3 of 1024 rows on an H100 at 1024×8192², z·mish(z)
+then past KernelBench's 1e-2). That costs a bfloat16 write and read of the logits, 16 MB each at
+1024×8192, for bfloat16 models only. The main loop is the shared one
+(``autofuse.kernels.triton.gemm``). Kernels: triton_kernels.py. Preconditions: float32 tensors,
+or a bfloat16 model's under bf16 (its output bfloat16, every sum float32), made contiguous, on
+CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every
+call.
 """
 
 import torch
@@ -24,6 +30,17 @@ from . import gradients
 from .cuda_fused import clamp_lse_scalars
 
 FINISH_ROWS = 16  # rows per program of the merge: (16 × tiles) pairs, a few KB
+# Logits per program and pass of a bfloat16 model's finish: 4 KB of bfloat16, one row's 2048 columns
+# or up to 16 shorter rows. 1024 rows of 8192 are then 1024 programs (~8 per SM of an H100) of 4
+# passes each, and a row's sum stays in one program (no merge across programs).
+FINISH_BF16_BLOCK = 2048
+
+
+def finish_bf16_blocks(n_out: int) -> tuple[int, int]:
+    """(rows, columns) per program and pass of ``lse_mish_finish_bf16``: powers of two, at least 16
+    columns, a row's n_out columns in one pass where they fit FINISH_BF16_BLOCK."""
+    cols = min(max(1 << (n_out - 1).bit_length(), 16), FINISH_BF16_BLOCK)
+    return min(FINISH_ROWS, FINISH_BF16_BLOCK // cols), cols
 
 
 class TritonClampLseMish(TritonVariant):
@@ -53,17 +70,27 @@ class TritonClampLseMish(TritonVariant):
         batch, n_out = x.shape[0], w.shape[0]
         kernels = self.module()
         tiles = -(-n_out // self.params["block_n"])
+        dtype = self.model_dtype(weight)
         save_y, save_q = save and parts is None, save and parts is not None
         y = torch.empty(batch, n_out, device=x.device) if save_y else None  # None: not stored
         q = torch.empty(batch, n_out, device=x.device, dtype=torch.bfloat16) if save_q else None
+        # a bfloat16 model's clamped logits, which its finish sums again (``lse_mish_finish_bf16``)
+        v = torch.empty(batch, n_out, device=x.device, dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
         part_max = torch.empty(batch, tiles, device=x.device)
         part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
-        self.launch_gemm("clamp_lse_partials", xs, weights, (b, y, q, part_max, part_sum, t, lo, hi))
+        self.launch_gemm("clamp_lse_partials", xs, weights, (b, y, q, v, part_max, part_sum, t, lo, hi))
         z = torch.empty(batch, 1, device=x.device)
-        out = torch.empty(batch, 1, device=x.device, dtype=self.model_dtype(weight))
-        kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, tiles,
-                                                              BLOCK_R=FINISH_ROWS, BLOCK_P=kernels.parts_block(tiles))
+        out = torch.empty(batch, 1, device=x.device, dtype=dtype)
+        if v is None:
+            kernels.lse_mish_finish[(-(-batch // FINISH_ROWS),)](part_max, part_sum, z, out, batch, tiles,
+                                                                  BLOCK_R=FINISH_ROWS,
+                                                                  BLOCK_P=kernels.parts_block(tiles))
+        else:
+            rows, cols = finish_bf16_blocks(n_out)
+            kernels.lse_mish_finish_bf16[(-(-batch // rows),)](v, part_max, part_sum, z, out, batch, n_out, tiles,
+                                                               BLOCK_R=rows, BLOCK_C=cols,
+                                                               BLOCK_P=kernels.parts_block(tiles))
         if not save:
             return out, ()
         return out, ((x, w, b, q, part_max, z) if save_q else (x, w, b, y, None, z))

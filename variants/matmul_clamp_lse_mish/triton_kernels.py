@@ -3,9 +3,11 @@
 ``clamp_lse_partials``: the epilogue of the shared main loop (``persistent_gemm``): from the
 accumulator, + bias, × t, clamp, and per row of the tile the pair (max, Σ exp(v − max)); the
 logits never reach memory (unless a gradient needs them: y_ptr, or under bf16 q_ptr: their
-softmax factors relative to the tile's max, in bfloat16). ``lse_mish_finish``: per row, the
-pairs merged with the max subtracted (no overflow at any clamp bound), z = max + log Σ,
-out = z·mish(z); z is kept for the backward. ``clamp_lse_backward``:
+softmax factors relative to the tile's max, in bfloat16; or a bfloat16 model's clamped logits,
+v_ptr, which its finish reads). ``lse_mish_finish``: per row, the pairs merged with the max
+subtracted (no overflow at any clamp bound), z = max + log Σ, out = z·mish(z); z is kept for the
+backward. ``lse_mish_finish_bf16``: the same z, and out as a bfloat16 model's reference computes
+it, from the clamped logits again (``lse_mish_finish_bf16`` says why). ``clamp_lse_backward``:
 ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t in tiles, h'(z) included, written in the
 layouts the backward's GEMMs want (``store_gradient``); ``clamp_lse_backward_from_q`` the same
 from the bf16 forward's saved softmax factors (q_ptr).
@@ -22,12 +24,13 @@ from autofuse.kernels.triton.gemm import bfloat16_round, exp_nonpositive, parts_
 def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
     """The GEMM's epilogue (``persistent_gemm``): + bias, × t, clamp, and per row the tile's
     (max, Σ exp(v − max)) into column pid_n of the partials; the logits where y_ptr is not None, the
-    softmax factors where q_ptr is not None. args: (bias_ptr, y_ptr, q_ptr, part_max_ptr,
-    part_sum_ptr, t, lo, hi)."""
-    bias_ptr, y_ptr, q_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
+    softmax factors where q_ptr is not None, the clamped logits v in bfloat16 where v_ptr is not
+    None (a bfloat16 model's, for ``lse_mish_finish_bf16``). args: (bias_ptr, y_ptr, q_ptr, v_ptr,
+    part_max_ptr, part_sum_ptr, t, lo, hi)."""
+    bias_ptr, y_ptr, q_ptr, v_ptr, part_max_ptr, part_sum_ptr, t, lo, hi = args
     y = acc + tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     # A bfloat16 model rounds where its bfloat16 reference stores a tensor: linear's output, x·s
-    # (x + x and the clamp are exact), and in the finish logsumexp's sum, log and z, and mish(z).
+    # (x + x and the clamp are exact), and in the finish logsumexp's terms, sum, log and z, and mish(z).
     # The float32-exact output lies up to ~1.5% from that reference at the default clamp (z near
     # 10-19, z·mish(z) near 100-360), past KernelBench's atol = rtol = 1e-2.
     if bias_ptr.dtype.element_ty == tl.bfloat16:
@@ -48,6 +51,8 @@ def clamp_lse_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, a
         inside = (y * t >= lo) & (y * t <= hi)
         q = tl.where(inside, e, 0.0).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + offsets, q, mask=row_ok[:, None] & col_ok[None, :])
+    if v_ptr is not None:  # bfloat16 already, but for a bound; rounded, its conversion is exact on the CPU too
+        tl.store(v_ptr + offsets, bfloat16_round(v).to(tl.bfloat16), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -64,30 +69,61 @@ def tanh_softplus(z):
 
 
 @triton.jit
-def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
-                    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+def merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P: tl.constexpr):
+    """Per row, (the row's max, Σ over its tiles of the tile's sum scaled to that max) from
+    ``clamp_lse_partials``' pairs; rows past M give (0, 1), which keeps their arithmetic finite."""
     p = tl.arange(0, BLOCK_P)
     mask = (rows[:, None] < M) & (p[None, :] < PARTS)
     offsets = rows[:, None] * PARTS + p[None, :]
     part_max = tl.load(part_max_ptr + offsets, mask=mask, other=float("-inf"))
     part_sum = tl.load(part_sum_ptr + offsets, mask=mask, other=0.0)
     row_max = tl.max(part_max, axis=1)
-    row_max = tl.where(rows < M, row_max, 0.0)  # rows past M: keep the arithmetic finite
+    row_max = tl.where(rows < M, row_max, 0.0)
     total = tl.sum(part_sum * exp_nonpositive(part_max - row_max[:, None]), axis=1)
-    total = tl.where(rows < M, total, 1.0)
+    return row_max, tl.where(rows < M, total, 1.0)
+
+
+@triton.jit
+def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
+                    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """A float32 model's z = max + log Σ per row (kept for the backward) and out = z·mish(z),
+    float32-accurate, BLOCK_R rows a program."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P)
     z = row_max + tl.log(total)  # the backward's z (its softmax is exp(v − z)): float32-accurate
-    if out_ptr.dtype.element_ty == tl.bfloat16:  # a bfloat16 model rounds as its reference (``bfloat16_round``)
-        # torch's logsumexp of a bfloat16 tensor: max + log(Σ exp(v − max)), the sum, its log and z
-        # stored in bfloat16; then mish(z) and z·mish(z). torch also rounds each exp(v − max) against
-        # the row's max, which the per-tile partials cannot: z then differed in 3 of 1024 rows (H100,
-        # 1024×8192², KernelBench's inputs; 335 with z rounded once), one bfloat16 step.
-        zb = bfloat16_round(row_max + bfloat16_round(tl.log(bfloat16_round(total))))
-        out = bfloat16_round(zb * bfloat16_round(zb * tanh_softplus(zb)))  # so the store's conversion is exact
-    else:
-        out = z * z * tanh_softplus(z)
     tl.store(z_ptr + rows, z, mask=rows < M)
-    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < M)
+    tl.store(out_ptr + rows, z * z * tanh_softplus(z), mask=rows < M)
+
+
+@triton.jit
+def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N, PARTS, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """A bfloat16 model's finish: z as ``lse_mish_finish`` keeps it for the backward, and out
+    rounded where its bfloat16 reference stores a tensor (``bfloat16_round``). torch's logsumexp of
+    a bfloat16 row is m = max(v), then v − m, its exp, their sum (float32 inside), its log and
+    log + m, each stored in bfloat16; then mish(z) and z·mish(z). So each term exp(v − m) is
+    rounded against the row's max, which the per-tile pairs (each relative to its tile's max,
+    unrounded) cannot reproduce: z from them, rounded as the chain here, differed by one bfloat16
+    step in 3 of 1024 rows (H100, 1024×8192², KernelBench's inputs; 335 with z rounded once), and
+    z·mish(z) then past atol = rtol = 1e-2; with the terms rounded so (emulated on the host), all
+    1024 matched. So this pass reads each row's v again (bfloat16, stored by ``clamp_lse_partials``),
+    BLOCK_C columns at a time, BLOCK_R rows a program; m is the pairs' max, which is max(v)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < M
+    row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P)
+    tl.store(z_ptr + rows, row_max + tl.log(total), mask=row_ok)  # the backward's z: float32-accurate
+    cols = tl.arange(0, BLOCK_C)
+    row_v = v_ptr + rows[:, None].to(tl.int64) * N
+    acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)  # per column slot: one sum across the row at the end
+    for start in range(0, N, BLOCK_C):
+        mask = row_ok[:, None] & (start + cols < N)[None, :]
+        v = tl.load(row_v + start + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        e = bfloat16_round(exp_nonpositive(bfloat16_round(v - row_max[:, None])))
+        acc += tl.where(mask, e, 0.0)  # masked columns add 0, rows past M too (their sum is replaced)
+    s = tl.where(row_ok, tl.sum(acc, axis=1), 1.0)
+    zb = bfloat16_round(row_max + bfloat16_round(tl.log(bfloat16_round(s))))
+    out = bfloat16_round(zb * bfloat16_round(zb * tanh_softplus(zb)))  # so the store's conversion is exact
+    tl.store(out_ptr + rows, out.to(tl.bfloat16), mask=row_ok)
 
 
 @triton.jit

@@ -143,6 +143,10 @@ def test_the_range_check_flags_wide_rows_by_effect_not_ordinary_ones_interpreted
     _run("wide_rows_flags")
 
 
+def test_the_exact_path_keeps_its_sums_rounding_error_interpreted():
+    _run("exact_path_sum")
+
+
 def test_wide_rows_keep_the_fp32_backwards_accuracy_interpreted():
     _run("wide_gradients")
 

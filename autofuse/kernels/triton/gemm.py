@@ -155,7 +155,7 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
                      M, N, K, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-                     INTERPRET: tl.constexpr, EXACT_K: tl.constexpr = 0):
+                     INTERPRET: tl.constexpr):
     """x[rows]·W[cols]ᵀ for one BLOCK_M × BLOCK_N tile, accumulated in float32.
 
     x and W (and under 3xtf32 their low parts) are row-major with row strides K (contiguous).
@@ -163,15 +163,15 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     and the pointers are unused; otherwise the reverse. The low parts are read under 3xtf32 and
     3xfp16 only; under fp16 and 3xfp16 the sum is of scaled operands (``fp16_row_parts``), and the
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
-    With EXACT_K (fp16 modes only) a negative scale marks a row the float16 parts cannot carry
-    (``fp16_row_parts``): a tile holding one skips the main loop (its accumulator is zero), and
-    ``persistent_gemm``'s launch with EXACT_PASS multiplies it again from the float32 originals.
+    A negative scale marks a row the float16 parts cannot carry (the range check: ``fp16_row_parts``);
+    its tile is multiplied here all the same, and ``persistent_gemm``'s launch with EXACT_PASS
+    multiplies it again from the float32 originals. Skipping such a tile's main loop here made the
+    loop's trip count depend on a load at every tile, which cost ordinary inputs up to 6% of tf32's
+    forward (gemm_bn training at 16384: 1.323 ms against 1.248 without the check; without the skip
+    1.251 against 1.234; H100), to save time on tiles that are rare.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    if EXACT_K > 0:
-        exact = tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N)
-        k_tiles = tl.where(exact, 0, k_tiles)
     if TMA:
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -238,6 +238,7 @@ def exact_tile(x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_
     their (row, k) strides, so a transposed view serves (the backward's dyᵀ, Wᵀ and xᵀ; a stride of
     1 is a constant to Triton, so the forward's loads stay contiguous)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    carry = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # what acc's additions rounded off (fp32)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.where(rm < M, rm, 0)
@@ -254,10 +255,17 @@ def exact_tile(x_ptr, w_ptr, x_strides, w_strides, M, N, K, pid_m, pid_n, BLOCK_
         else:
             # The slice's sum added by fma(part, 1, acc): Triton folds acc + dot(a, b, 0) into
             # dot(a, b, acc), one FMA chain over all of K (3-5x cuBLAS fp32's error at K = 1000, H100).
-            acc = tl.fma(tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee"), 1.0, acc)
+            part = tl.dot(a, b, tl.zeros_like(acc), input_precision="ieee")
+            total = tl.fma(part, 1.0, acc)
+            # The addition's rounding error, exactly (TwoSum), summed apart: a row carried by a few
+            # large terms keeps a large running sum, and adding every later slice to it rounded at
+            # its scale (99, W rows 1e6 wide: 2.1x cuBLAS fp32's error, H100).
+            back = total - acc
+            carry += (acc - (total - back)) + (part - back)
+            acc = total
         a_offsets += BLOCK_K * x_strides[1]
         b_offsets += BLOCK_K * w_strides[1]
-    return acc
+    return acc + carry
 
 
 @triton.jit
@@ -525,9 +533,9 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
     clamp_lse_partials kernel at 255 registers spilled where it had not.
 
-    The range check's exact path (EXACT_K > 0; ``host.launch_main_loop``): the fast launch hands a
-    flagged tile (``tile_flagged``) to EPILOGUE with a zero accumulator, and a second launch with
-    EXACT_PASS visits only the flagged tiles, multiplies them from the float32 originals ``x32_ptr``
+    The range check's exact path (EXACT_K > 0; ``host.launch_main_loop``): the fast launch takes
+    every tile as it is, and a second launch with EXACT_PASS visits only the flagged tiles
+    (``tile_flagged``), multiplies them from the float32 originals ``x32_ptr``
     and ``w32_ptr`` through their (row, k) strides (tuples; ``exact_tile``) and hands them to EPILOGUE
     again, which overwrites what the first wrote (an epilogue writes each tile's outputs and
     partials whole, never accumulating across launches). None and 0 where the check is off.
@@ -546,7 +554,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
         else:
             acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
                                    x_scale_ptr, w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE,
-                                   TMA, EVEN_K, INTERPRET, EXACT_K)
+                                   TMA, EVEN_K, INTERPRET)
             EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
 
 

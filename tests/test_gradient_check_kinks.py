@@ -83,3 +83,24 @@ def test_a_wrong_gradient_on_another_row_still_fails():
     wrong.scale_row = (ROW + 1, 1.001)
     _, reason = check_gradients(wrong, PROBLEM, prepared, "train")
     assert reason is not None and reason.startswith("gradient of")
+
+
+def test_a_logit_whose_huge_terms_cancel_is_on_a_kink_at_fp32():
+    """A row whose logits rest on huge terms that cancel is on a kink whatever their values: float32
+    rounds those terms to more than the distance to a bound, so any float32 GEMM may put a logit on
+    either side (x rows 1e12 wide, H100: cuBLAS fp32 put one on the wrong side; at 1e30, the right
+    one). Row ``ROW`` gets two entries 1e12 whose columns of W cancel: its logits keep their values,
+    and only this row joins the rows on a kink."""
+    case = CheckCase(SHAPE, "randn", 11, randomize=True)
+    model, x = build_case(PROBLEM, case, "cpu", torch.float32, "train")
+    with torch.no_grad():
+        model.matmul.weight[:, 1] = -model.matmul.weight[:, 0]
+        x[ROW, 1] = x[ROW, 0]  # so its two entries add nothing, now and at 1e12
+        before = PROBLEM.rows_on_a_kink(model, x, "fp32")
+        logits = F.linear(x.double(), model.matmul.weight.double(), model.matmul.bias.double())
+        x[ROW, :2] = 1e12
+        after = PROBLEM.rows_on_a_kink(model, x, "fp32")
+        moved = F.linear(x.double(), model.matmul.weight.double(), model.matmul.bias.double()) - logits
+    assert moved.abs().max() < 1e-3  # the huge terms cancel (float64 rounds 1e12 to ~1e-4)
+    assert not before[ROW]
+    assert after.tolist() == [row == ROW or bool(before[row]) for row in range(SHAPE["batch_size"])]

@@ -210,8 +210,9 @@ def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, pr
 def test_the_fp32_backwards_range_checked_gemms_compile_for_hopper(monkeypatch):
     """dx and dW with their range check (``triton_backward.Fp16Gemms``): dy's checked rows, W's
     columns by the count rule, the columns of dy and x by weights, their flags merged, and both GEMMs
-    with the exact path reading dy, Wᵀ and xᵀ through strides, at the tuner's first fp32
-    configuration, with TMA and without (K = 1000 and 37: no TMA for dW)."""
+    with the exact path (inline on a persistent grid, else a second launch) reading dy, Wᵀ and xᵀ
+    through strides, at the tuner's first fp32 configuration, with TMA and without (K = 1000 and
+    37: no TMA for dW)."""
     from autofuse.kernels.autograd import GemmGrad
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -229,7 +230,7 @@ def test_the_fp32_backwards_range_checked_gemms_compile_for_hopper(monkeypatch):
         kernel = compile_for_hopper(fn, args, dict(kwargs))
         assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
-        if fn.__name__ == "persistent_gemm" and kwargs.get("EXACT_PASS"):
+        if fn.__name__ == "persistent_gemm" and (kwargs.get("EXACT_PASS") or kwargs.get("EXACT_INLINE")):
             exact_passes += 1
             assert exact_slices_summed_apart(kernel.asm["ttir"])
     assert names == {"fp16_row_parts", "column_max", "fp16_col_parts", "column_flags", "persistent_gemm"}, names

@@ -92,7 +92,7 @@ class Fp16Gemms(CublasGemms):
         blocks = (p["block_m"], p["block_n"], p["block_k"]) if p["tma"] and k % 8 == 0 else None
         kernels = gemm_kernels()
         launch_main_loop(
-            launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device),
+            launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], out.device), p["persistent"],
             **loop_operands(a, b, True, blocks), M=m, N=n, K=k, epilogue_args=(out,), BLOCK_M=p["block_m"],
             BLOCK_N=p["block_n"], BLOCK_K=p["block_k"], GROUP_M=p["group_m"], MODE="3xfp16", TMA=blocks is not None,
             EVEN_K=k % p["block_k"] == 0, INTERPRET=interpreting(), EPILOGUE=kernels.epilogue("store_tile"),

@@ -214,6 +214,16 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
 
 
 @triton.jit
+def any_flagged(scale_ptr, rows, BLOCK: tl.constexpr = 1024):
+    """Whether any of ``rows`` inverse scales is negative (a flagged row: ``fp16_row_parts``)."""
+    offsets = tl.arange(0, BLOCK)
+    least = tl.full((BLOCK,), 1.0, tl.float32)
+    for start in range(0, rows, BLOCK):
+        least = tl.minimum(least, tl.load(scale_ptr + start + offsets, mask=start + offsets < rows, other=1.0))
+    return tl.min(least, axis=0) < 0
+
+
+@triton.jit
 def tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Whether a row of the tile's x or W is flagged (a negative inverse scale: ``fp16_row_parts``)."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -517,7 +527,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
                     epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
-                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False):
+                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False, EXACT_INLINE: tl.constexpr = False):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -533,29 +543,63 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     with M, N, K before the epilogue's, ptxas allocated registers otherwise and a tf32
     clamp_lse_partials kernel at 255 registers spilled where it had not.
 
-    The range check's exact path (EXACT_K > 0; ``host.launch_main_loop``): the fast launch takes
-    every tile as it is, and a second launch with EXACT_PASS visits only the flagged tiles
-    (``tile_flagged``), multiplies them from the float32 originals ``x32_ptr``
-    and ``w32_ptr`` through their (row, k) strides (tuples; ``exact_tile``) and hands them to EPILOGUE
-    again, which overwrites what the first wrote (an epilogue writes each tile's outputs and
-    partials whole, never accumulating across launches). None and 0 where the check is off.
+    The range check's exact path (EXACT_K > 0; ``host.launch_main_loop``): the main loop takes every
+    tile as it is; then the flagged tiles (``tile_flagged``) are multiplied again from the float32
+    originals ``x32_ptr`` and ``w32_ptr`` through their (row, k) strides (tuples; ``exact_tile``)
+    and handed to EPILOGUE again, which overwrites what the first wrote (an epilogue writes each
+    tile's outputs and partials whole, never accumulating). With EXACT_INLINE each program does so
+    for its own tiles after its main loop, in the same launch; with EXACT_PASS a second launch
+    does it. Where programs hold several tiles, one look at all the scales first ends the exact
+    part on ordinary inputs. None and 0 where the check is off.
+
+    The second launch, even when it found nothing, cost ordinary inputs 1.2-4.0% of the tf32
+    forward (22, 99, gemm_bn eval) and 1.7-2.1% of the fp32 training step (22, 99, gemm_bn at
+    1024); inline, the tf32 forward costs 0.2-2.0% over no check and the fp32 forward and step
+    none (H100, benchmarks/gpu/wide_rows.py). Its code raises the kernel's spills, though: gemm_bn's
+    tf32 training epilogue lost 3.0-5.4% with it, so a variant keeps the second launch there
+    (``TritonVariant.EXACT_APART``), and 99's tf32 kernel lost 3% more with the look at the scales
+    written as the second launch's (a where on the tile count) than as a branch.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if EXACT_PASS:
-            if tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N):
-                acc = exact_tile(x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N,
-                                 EXACT_K, MODE == "fp16")
-                EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
-        else:
+    tiles = num_m * num_n
+    if not EXACT_PASS:
+        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+            pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc, w_lo_desc,
                                    x_scale_ptr, w_scale_ptr, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, MODE,
                                    TMA, EVEN_K, INTERPRET)
             EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
+    if EXACT_INLINE:  # a persistent grid: one look at all the scales ends it on ordinary inputs
+        if any_flagged(x_scale_ptr, M) | any_flagged(w_scale_ptr, N):
+            tl.debug_barrier()  # this program's fast stores, by other threads, land before its exact ones
+            for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+                redo_if_flagged(tile, x32_ptr, w32_ptr, x32_strides, w32_strides, x_scale_ptr, w_scale_ptr,
+                                epilogue_args, M, N, K, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M, EXACT_K,
+                                MODE == "fp16", EPILOGUE)
+    if EXACT_PASS:
+        if tl.num_programs(0) < tiles:  # several tiles a program: the same look first
+            tiles = tl.where(any_flagged(x_scale_ptr, M) | any_flagged(w_scale_ptr, N), tiles, 0)
+        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+            redo_if_flagged(tile, x32_ptr, w32_ptr, x32_strides, w32_strides, x_scale_ptr, w_scale_ptr,
+                            epilogue_args, M, N, K, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M, EXACT_K,
+                            MODE == "fp16", EPILOGUE)
+
+
+@triton.jit
+def redo_if_flagged(tile, x32_ptr, w32_ptr, x32_strides, w32_strides, x_scale_ptr, w_scale_ptr, epilogue_args,
+                    M, N, K, num_m, num_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                    EXACT_K: tl.constexpr, TF32: tl.constexpr, EPILOGUE: tl.constexpr):
+    """``tile`` again from the float32 originals (``exact_tile``) through EPILOGUE, if flagged."""
+    pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
+    if tile_flagged(x_scale_ptr, w_scale_ptr, M, N, pid_m, pid_n, BLOCK_M, BLOCK_N):
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = exact_tile(x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N,
+                         EXACT_K, TF32)
+        EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
 
 
 @triton.jit

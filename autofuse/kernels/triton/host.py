@@ -166,11 +166,15 @@ def launch_grid(m: int, n: int, block_m: int, block_n: int, persistent: bool, de
     return (min(tiles, programs),)
 
 
-def launch_main_loop(grid: tuple[int], **arguments: Any) -> None:
-    """``gemm.persistent_gemm`` with ``arguments`` (``loop_operands``' and the launch's), and where
-    they carry the range check's exact path (EXACT_K) its second launch, which multiplies the
-    flagged tiles again from the float32 sources (no host sync: each program reads the flags)."""
+def launch_main_loop(grid: tuple[int], exact_inline: bool = False, **arguments: Any) -> None:
+    """``gemm.persistent_gemm`` with ``arguments`` (``loop_operands``' and the launch's). Where they
+    carry the range check's exact path (EXACT_K), the flagged tiles are multiplied again from the
+    float32 sources (no host sync: each program reads the flags): in the same launch where
+    ``exact_inline`` (a persistent grid, each program redoing its own tiles), else in a second."""
     kernel = gemm_kernels().persistent_gemm
+    if arguments.get("EXACT_K") and exact_inline:
+        kernel[grid](**arguments, EXACT_INLINE=True)
+        return
     kernel[grid](**arguments)
     if arguments.get("EXACT_K"):
         kernel[grid](**arguments, EXACT_PASS=True)

@@ -239,6 +239,9 @@ class TritonVariant(Variant):
     supports_autograd = True
     capturable = True  # launches on torch's current stream; W's copies are cached before a capture
     kernels: ClassVar[str] = ".triton_kernels"
+    # (epilogue, MODE) pairs whose range-checked GEMM takes its exact pass in a launch of its own
+    # even on a persistent grid (``gemm.persistent_gemm``: inline, its code can raise the kernel's spills).
+    EXACT_APART: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
     def admits(cls, device, dtype, precision, autograd):
@@ -401,7 +404,8 @@ class TritonVariant(Variant):
         ``launch_grid``'s."""
         p, (m, k), n = self.params, xs[0].shape, weights[0].shape[0]
         grid = launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], xs[0].device)
-        launch_main_loop(grid, **self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
+        inline = p["persistent"] and (epilogue, self._loop_constants()["MODE"]) not in self.EXACT_APART
+        launch_main_loop(grid, inline, **self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
                          EPILOGUE=self.module().epilogue(epilogue))
 
 

@@ -60,10 +60,11 @@ class MatmulClampLseMish(Problem):
         # default shape's 1024 rows under randn (seeds 1-4 and 8; 622 among seed 8's), 12 under
         # large, none under rand. At tf32 and bf16 the floor, eager at that precision, flips its
         # own share of elements, and the bound, a multiple of its error, already follows them.
-        # A logit whose terms are huge and cancel is also on a kink whatever its value: float32 can
-        # err by KINK_ROUNDINGS units of 2⁻²⁴·Σ|x||W| (rows of x 1e12 or 1e30 wide: one logit 0.3-0.5
-        # such units from a bound; cuBLAS fp32 put it on the wrong side at 1e12, the right one at 1e30,
-        # the float16 split at both; H100). On ordinary rows that margin stays under the tolerance's.
+        # A logit whose terms are huge and cancel is also on a kink whatever its value: float32 errs
+        # by units of 2⁻²⁴·Σ|x||W| on it, and KINK_ROUNDINGS of them are the margin (rows of x 1e12
+        # or 1e30 wide: one logit 0.3-0.5 units from a bound; cuBLAS fp32 put it on the wrong side at
+        # 1e12, the right one at 1e30, the float16 split at both; H100). On ordinary rows that
+        # margin stays under the tolerance's.
         if precision not in ("fp32", "ieee"):
             return None
         linear = self.linear_of(model)
@@ -72,8 +73,8 @@ class MatmulClampLseMish(Problem):
             logits = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double()) * t
             terms = torch.nn.functional.linear(x.double().abs(), linear.weight.double().abs(),
                                                linear.bias.double().abs()) * abs(t)
-        margin = torch.clamp(terms * (KINK_ROUNDINGS * 2.0 ** -24),
-                             min=self.tolerance(precision).rel_l2 * max(abs(model.clamp_min), abs(model.clamp_max), 1.0))
+        bound = max(abs(model.clamp_min), abs(model.clamp_max), 1.0)
+        margin = torch.clamp(terms * (KINK_ROUNDINGS * 2.0 ** -24), min=self.tolerance(precision).rel_l2 * bound)
         near = ((logits - model.clamp_min).abs() <= margin) | ((logits - model.clamp_max).abs() <= margin)
         return near.any(dim=1)
 

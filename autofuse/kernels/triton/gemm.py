@@ -164,8 +164,8 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     3xfp16 only; under fp16 and 3xfp16 the sum is of scaled operands (``fp16_row_parts``), and the
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
     A negative scale marks a row the float16 parts cannot carry (the range check: ``fp16_row_parts``);
-    its tile is multiplied here all the same, and ``persistent_gemm``'s launch with EXACT_PASS
-    multiplies it again from the float32 originals. Skipping such a tile's main loop here made the
+    its tile is multiplied here all the same, and ``persistent_gemm`` multiplies it again from the
+    float32 originals. Skipping such a tile's main loop here made the
     loop's trip count depend on a load at every tile, which cost ordinary inputs up to 6% of tf32's
     forward (gemm_bn training at 16384: 1.323 ms against 1.248 without the check; without the skip
     1.251 against 1.234; H100), to save time on tiles that are rare.
@@ -527,7 +527,8 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
                     epilogue_args, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
-                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False, EXACT_INLINE: tl.constexpr = False):
+                    EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False,
+                    EXACT_INLINE: tl.constexpr = False):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -557,8 +558,9 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     1024); inline, the tf32 forward costs 0.2-2.0% over no check and the fp32 forward and step
     none (H100, benchmarks/gpu/wide_rows.py). Its code raises the kernel's spills, though: gemm_bn's
     tf32 training epilogue lost 3.0-5.4% with it, so a variant keeps the second launch there
-    (``TritonVariant.EXACT_APART``), and 99's tf32 kernel lost 3% more with the look at the scales
-    written as the second launch's (a where on the tile count) than as a branch.
+    (``TritonVariant.EXACT_APART``). Written as the second launch's part is (a where on the tile
+    count, the barrier inside each flagged tile's branch), the inline part cost 99's tf32 forward
+    4.7%; as below, 2.0%.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)

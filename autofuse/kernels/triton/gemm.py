@@ -165,10 +165,10 @@ def tile_accumulator(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc
     rows' and columns' inverse scales (x_scale_ptr, w_scale_ptr: powers of two) undo that exactly.
     A negative scale marks a row the float16 parts cannot carry (the range check: ``fp16_row_parts``);
     its tile is multiplied here all the same, and ``persistent_gemm`` multiplies it again from the
-    float32 originals. Skipping such a tile's main loop here made the
-    loop's trip count depend on a load at every tile, which cost ordinary inputs up to 6% of tf32's
-    forward (gemm_bn training at 16384: 1.323 ms against 1.248 without the check; without the skip
-    1.251 against 1.234; H100), to save time on tiles that are rare.
+    float32 originals. Skipping such a tile's main loop here made the loop's trip count depend on
+    a load at every tile, which cost ordinary inputs up to 6% of tf32's forward (gemm_bn training
+    at 16384: 1.323 ms against 1.248 without the check; without the skip 1.251 against 1.234;
+    H100), to save time on tiles that are rare.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BLOCK_K)

@@ -26,13 +26,14 @@ def test_operand_contract_names_expected_and_got():
     assert operand(strided, "weight", (4, 3), torch.device("cpu")).is_contiguous()  # made contiguous
 
 
-BFLOAT16_MODELS = {("gemm_avgpool_gelu_residual", "single_pass"), ("gemm_bn", "cublas_epilogue")}
+BFLOAT16_MODELS = {("gemm_avgpool_gelu_residual", "single_pass"), ("gemm_bn", "cublas_epilogue"),
+                   ("matmul_gelu_softmax", "cublas_epilogue"), ("matmul_clamp_lse_mish", "cublas_epilogue")}
 
 
 def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
     """float32 only, but 51's single_pass, which reads and writes a bfloat16 model's rows too, and
-    gemm_bn's cublas_epilogue (a bfloat16 model's forward); the others refuse a bfloat16 model
-    naming the dtype and what serves it."""
+    the cublas_epilogue variants of gemm_bn, 22 and 99 (a bfloat16 model's forward); the others
+    refuse a bfloat16 model naming the dtype and what serves it."""
     for problem in ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"):
         for name, cls in registry.variants(problem).items():
             if issubclass(cls, CudaVariant):
@@ -45,12 +46,29 @@ def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
                         "cuda", torch.bfloat16, "bf16", False)
 
 
-def test_gemm_bn_cublas_epilogue_serves_a_bfloat16_models_forward_at_bf16_only():
-    cls = registry.get_variant("gemm_bn", "cublas_epilogue")
+@pytest.mark.parametrize("problem", ["gemm_bn", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])
+def test_cublas_epilogue_serves_a_bfloat16_models_forward_at_bf16_only(problem):
+    cls = registry.get_variant(problem, "cublas_epilogue")
     assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=False) is None
     assert "triton variant" in cls.admits("cuda", torch.bfloat16, "bf16", autograd=True)
     assert "precision bf16 only" in cls.admits("cuda", torch.bfloat16, "fp32", autograd=False)
     assert cls.admits("cuda", torch.float32, "bf16", autograd=True) is None
+
+
+def test_single_pass_takes_a_bfloat16_models_gradients_too():
+    cls = registry.get_variant("gemm_avgpool_gelu_residual", "single_pass")
+    assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=True) is None
+    assert "precision bf16 only" in cls.admits("cuda", torch.bfloat16, "tf32", autograd=True)
+
+
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish"])
+def test_cublas_epilogue_refuses_a_bfloat16_model_that_needs_gradients(problem):
+    """Before any launch: the message says what to do instead."""
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "cublas_epilogue")
+    shape = dict(zip(prob.dims, (4, 16, 8)))
+    model = prob.build_model(shape).bfloat16()
+    with pytest.raises(InputError, match="without gradients only"):
+        cls("bf16")(model, torch.rand(4, 16, dtype=torch.bfloat16))
 
 
 class _FakeLibrary:

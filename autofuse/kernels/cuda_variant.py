@@ -15,10 +15,12 @@ import pathlib
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from autofuse.core.variant import Variant
 from autofuse.errors import InputError
 from autofuse.kernels import build as builder
+from autofuse.kernels.autograd import needs_grad
 from autofuse.kernels.gemm_space import blocked_gemm_configs
 
 _ARG_TYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float, "stream": ctypes.c_void_p}
@@ -44,13 +46,19 @@ class CudaVariant(Variant):
             digest.update(header.read_bytes())
         return digest.hexdigest()[:16]
 
+    # Whether the backward takes a bfloat16 model's tensors too; the cuBLAS + epilogue variants'
+    # backward takes float32 ones, so a bfloat16 model's autograd keys are the triton variants'.
+    bfloat16_gradients: ClassVar[bool] = False
+
     @classmethod
     def admits(cls, device, dtype, precision, autograd):
         if dtype not in cls.dtypes:
-            # cuBLAS + epilogue on a bfloat16 model would be cuBLAS's bf16 GEMM plus one more pass,
-            # where the triton variants fuse the epilogue into that GEMM: not worth a second kernel.
             return (f"its kernels take float32 tensors, not {str(dtype).removeprefix('torch.')} "
                     "(a bfloat16 model is served by the triton variants)")
+        if dtype == torch.bfloat16 and precision != "bf16":
+            return f"a bfloat16 model runs on bfloat16 operands: precision bf16 only, not {precision}"
+        if dtype == torch.bfloat16 and autograd and not cls.bfloat16_gradients:
+            return "a bfloat16 model's gradients are the triton variant's (this backward takes float32 tensors)"
         return super().admits(device, dtype, precision, autograd)
 
     @classmethod
@@ -127,6 +135,27 @@ def input_operand(x: torch.Tensor, in_features: int, dtype: torch.dtype = torch.
     if x.device.type != "cuda":
         raise InputError(f"expected a CUDA input, got one on {x.device}")
     return operand(x, "input", (x.shape[0], in_features), x.device, dtype)
+
+
+def refuse_bfloat16_gradients(variant: Variant, *tensors: torch.Tensor | None) -> None:
+    """InputError where a call with these tensors of a bfloat16 model must record a backward."""
+    if needs_grad(*tensors):
+        raise InputError(f"{variant.name} serves a bfloat16 model without gradients only: call it under "
+                         "torch.no_grad(), or use the triton variant")
+
+
+def bfloat16_model_linear(variant: Variant, x: torch.Tensor, linear, name: str) -> torch.Tensor:
+    """linear(x) of a bfloat16 model as its reference computes it: cuBLAS's bfloat16 output, the
+    bias added in its epilogue, so an epilogue kernel starts from the reference's own tensor.
+    InputError where a gradient is needed (the cuBLAS + epilogue variants' backward takes float32
+    tensors; ``admits`` leaves a bfloat16 model's autograd keys to the triton variants) or the
+    operands are not a bfloat16 model's; ``name`` is the Linear's attribute in the model."""
+    refuse_bfloat16_gradients(variant, x, linear.weight, linear.bias)
+    dtype, (n_out, n_in) = torch.bfloat16, linear.weight.shape
+    x = input_operand(x, n_in, dtype)
+    w = operand(linear.weight, f"{name}.weight", (n_out, n_in), x.device, dtype)
+    bias = None if linear.bias is None else operand(linear.bias, f"{name}.bias", (n_out,), x.device, dtype)
+    return F.linear(x, w, bias)
 
 
 def linear_operands(x: torch.Tensor, linear, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

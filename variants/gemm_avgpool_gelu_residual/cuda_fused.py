@@ -163,6 +163,7 @@ class SinglePassGeluResidual(FoldedRowsVariant):
     # A bfloat16 model too (under bf16, the only precision a bfloat16 input has): x read and out
     # written in bfloat16, half the float32 kernel's bytes at the memory floor; w̄, c, r float32.
     dtypes = (torch.float32, torch.bfloat16)
+    bfloat16_gradients = True  # its backward's Triton passes take bfloat16 x and g (gradients.py)
 
     @classmethod
     def configs(cls, shape, device):

@@ -40,7 +40,6 @@ import hashlib
 import pathlib
 
 import torch
-import torch.nn.functional as F
 from autofuse.variants.gemm_bn import cuda_fused, gradients
 from autofuse.variants.gemm_bn.cuda_fused import (
     TrainOperands,
@@ -52,10 +51,15 @@ from autofuse.variants.gemm_bn.cuda_fused import (
 
 from autofuse.core.precision import linear
 from autofuse.core.variant import FoldCache
-from autofuse.errors import InputError
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import fused_call, needs_grad
-from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.kernels.cuda_variant import (
+    CudaVariant,
+    bfloat16_model_linear,
+    input_operand,
+    operand,
+    refuse_bfloat16_gradients,
+)
 
 # Shared memory a strip may take: configs() sees no device, so this stays under H100's opt-in
 # limit per block (227 KB) with room for the kernel's reduction buffers (at most 4.5 KB); a
@@ -102,14 +106,6 @@ class CublasEpilogueGemmBn(CudaVariant):
     supports_autograd = True
     dtypes = (torch.float32, torch.bfloat16)
 
-    @classmethod
-    def admits(cls, device, dtype, precision, autograd):
-        if dtype == torch.bfloat16 and precision != "bf16":
-            return f"a bfloat16 model runs on bfloat16 operands: precision bf16 only, not {precision}"
-        if dtype == torch.bfloat16 and autograd:
-            return "a bfloat16 model's gradients are the triton variant's (this backward takes float32 tensors)"
-        return super().admits(device, dtype, precision, autograd)
-
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._folded = FoldCache()
@@ -129,9 +125,7 @@ class CublasEpilogueGemmBn(CudaVariant):
 
     def forward(self, model, x):
         if model.gemm.weight.dtype == torch.bfloat16:
-            if needs_grad(x, *model.parameters()):
-                raise InputError("cublas_epilogue serves a bfloat16 model without gradients only: call it under "
-                                 "torch.no_grad(), or use the triton variant")
+            refuse_bfloat16_gradients(self, x, *model.parameters())
             if uses_batch_statistics(model.bn):
                 return self._train_bfloat16_model(model, x)
             return self._eval(model, x, torch.bfloat16)
@@ -142,16 +136,12 @@ class CublasEpilogueGemmBn(CudaVariant):
     def _train_bfloat16_model(self, model, x):
         """out from y = linear(x) and the model's bfloat16 tensors (see the module docstring), z's buffer
         normalised in place."""
-        dtype, gemm = torch.bfloat16, model.gemm
-        x = input_operand(x, gemm.in_features, dtype)
-        n_out = gemm.out_features
-        w = operand(gemm.weight, "gemm.weight", (n_out, x.shape[1]), x.device, dtype)
-        bias = None if gemm.bias is None else operand(gemm.bias, "gemm.bias", (n_out,), x.device, dtype)
         # The GEMM is issued before the other checks, which have no side effect either: a call timed
         # from an idle GPU (KernelBench's harness) then does not wait on the host's Python for them.
-        y = F.linear(x, w, bias)
-        ops = TrainOperands.of(model, x, dtype)
-        lib, batch = self.library(x.device), x.shape[0]
+        y = bfloat16_model_linear(self, x, model.gemm, "gemm")
+        batch, n_out = y.shape
+        ops = TrainOperands.of(model, x, torch.bfloat16)
+        lib = self.library(x.device)
         work = self._workspaces(lib, batch, n_out, x.device)
         factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
         self.launch("af_bn_train_bf16", y, y, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,

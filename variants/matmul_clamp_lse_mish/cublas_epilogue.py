@@ -9,7 +9,15 @@ of y (16-byte loads): clamp(t·y, lo, hi) with t = 2s (``x * s`` then ``x + x``;
 exact), the running (max, Σ exp) pair (max subtracted: no overflow at any clamp bound), and
 z·mish(z) into the (batch, 1) output. NaN propagates as in torch.clamp and torch.logsumexp. So the time is the
 GEMM's plus one read of the (batch × out) logits. With a gradient needed the backward keeps y,
-which exists anyway, and z (see gradients.py). Kernel: csrc/clamp_lse_mish_rows.cu.
+which exists anyway, and z (see gradients.py).
+
+A bfloat16 model (under bf16, without gradients: its autograd keys are the triton variant's):
+y = linear(x) as its reference computes it (cuBLAS's bfloat16 output, the bias in its epilogue),
+then a kernel that rounds where the reference stores a bfloat16 tensor (x·s, the clamp,
+logsumexp's terms against the row's max, its sum, log and z, mish(z), the output): two reads of
+the row, the second from L2, and the (batch, 1) bfloat16 output; the reference's chain reads
+and writes the logits four times. Kernel: csrc/clamp_lse_mish_rows.cu
+(af_clamp_lse_mish_rows_bf16, whose comment says why each term is rounded).
 """
 
 import torch
@@ -17,7 +25,7 @@ import torch
 from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import fused_call
-from autofuse.kernels.cuda_variant import CudaVariant, gemm_operands
+from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands
 
 from . import gradients
 from .cuda_fused import clamp_lse_scalars
@@ -29,7 +37,9 @@ class CublasEpilogueClampLseMish(CudaVariant):
     kind = "cublas_epilogue"
     description = "addmm through cuBLAS, then one row kernel: clamp + stable logsumexp + z·mish(z)"
     source = "csrc/clamp_lse_mish_rows.cu"
-    launchers = {"af_clamp_lse_mish_rows": ("ptr", "int", "ptr", "ptr", "float", "float", "float", "int", "int")}
+    launchers = {"af_clamp_lse_mish_rows": ("ptr", "int", "ptr", "ptr", "float", "float", "float", "int", "int"),
+                 "af_clamp_lse_mish_rows_bf16": ("ptr", "ptr", "float", "float", "float", "int", "int")}
+    dtypes = (torch.float32, torch.bfloat16)
 
     @classmethod
     def configs(cls, shape, device):
@@ -39,6 +49,8 @@ class CublasEpilogueClampLseMish(CudaVariant):
 
     def forward(self, model, x):
         scalars = clamp_lse_scalars(model)
+        if model.matmul.weight.dtype == torch.bfloat16:
+            return self._bfloat16_model(model, x, scalars)
         op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)
 
@@ -51,6 +63,15 @@ class CublasEpilogueClampLseMish(CudaVariant):
         self.launch("af_clamp_lse_mish_rows", y, int(y.dtype == torch.bfloat16), bias_left, out, *scalars, x.shape[0],
                     w.shape[0], device=x.device)  # fmt: skip
         return out, ((x, w, b, y, bias_left, None) if save else ())  # z: the backward takes it from y
+
+
+    def _bfloat16_model(self, model, x, scalars):
+        y = bfloat16_model_linear(self, x, model.matmul, "matmul")
+        t, lo, hi = scalars
+        out = torch.empty(y.shape[0], 1, device=y.device, dtype=torch.bfloat16)
+        # The kernel multiplies by scale_factor, then doubles: x·s and x + x, each stored.
+        self.launch("af_clamp_lse_mish_rows_bf16", y, out, 0.5 * t, lo, hi, *y.shape, device=y.device)
+        return out
 
 
 @hookimpl

@@ -9,14 +9,21 @@ and a stable softmax. With ``items`` > 0 the row stays in registers (``items`` v
 thread, 16-byte loads): one read of y and one write of the result, so the time is the GEMM's
 plus one pass over the (batch × out) logits. ``items`` = 0 streams the row twice (any length).
 With a gradient needed the kernel writes a fresh output instead of overwriting y, which the
-backward keeps (see gradients.py). Kernel: csrc/gelu_softmax_rows.cu.
+backward keeps (see gradients.py).
+
+A bfloat16 model (under bf16, without gradients: its autograd keys are the triton variant's):
+y = linear(x) as its reference computes it (cuBLAS's bfloat16 output, the bias in its epilogue),
+then the same kernel rounds gelu(y) to bfloat16, as the reference stores it before the softmax
+reads it, and writes the softmax in bfloat16. The time is the bfloat16 GEMM's plus one read and
+one write of the (batch × out) bfloat16 logits, where the reference makes two of each.
+Kernel: csrc/gelu_softmax_rows.cu.
 """
 
 import torch
 
 from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
-from autofuse.kernels.cuda_variant import CudaVariant, gemm_operands
+from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands
 
 from . import gradients
 
@@ -43,12 +50,21 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
     kind = "cublas_epilogue"
     description = "addmm through cuBLAS, then one row kernel: GELU + stable softmax, the row in registers"
     source = "csrc/gelu_softmax_rows.cu"
-    launchers = {"af_gelu_softmax_rows": ("ptr", "int", "ptr", "ptr", "int", "int")}
+    launchers = {"af_gelu_softmax_rows": ("ptr", "int", "ptr", "ptr", "int", "int", "int")}
     supports_autograd = True
+    dtypes = (torch.float32, torch.bfloat16)
 
     @classmethod
     def configs(cls, shape, device):
         return row_configs(shape["out_features"])
+
+    def forward(self, model, x):
+        if model.linear.weight.dtype != torch.bfloat16:
+            return super().forward(model, x)
+        y = bfloat16_model_linear(self, x, model.linear, "linear")
+        out = torch.empty_like(y)
+        self.launch("af_gelu_softmax_rows", y, 1, None, out, 1, *y.shape, device=y.device)
+        return out
 
     def _fused(self, x, weight, bias, save):
         x, w, b = gemm_operands(x, weight, bias, "linear")
@@ -56,8 +72,8 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
         y, bias_left = linear_deferring_bias(x, w, b, self.precision)
         y = y.contiguous()
         out = y if y.dtype == torch.float32 and not save else torch.empty(y.shape, device=y.device)
-        self.launch("af_gelu_softmax_rows", y, int(y.dtype == torch.bfloat16), bias_left, out, x.shape[0], w.shape[0],
-                    device=x.device)  # fmt: skip
+        self.launch("af_gelu_softmax_rows", y, int(y.dtype == torch.bfloat16), bias_left, out, 0, x.shape[0],
+                    w.shape[0], device=x.device)  # fmt: skip
         return out, ((x, w, b, y, bias_left, out) if save else ())
 
 

@@ -17,6 +17,23 @@ constexpr int af_vec_width = 16 / (int)sizeof(T);
 __device__ __forceinline__ float af_to_float(float v) { return v; }
 __device__ __forceinline__ float af_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// v converted to an output element of type T (bfloat16: rounded to nearest even, as torch stores).
+template <typename T>
+__device__ __forceinline__ T af_from_float(float v) {
+    if constexpr (sizeof(T) == 2) return __float2bfloat16_rn(v);
+    else return v;
+}
+
+// v as a tensor of element type T holds it: a bfloat16 model's epilogue rounds where its
+// bfloat16 reference stores an intermediate tensor, and goes on from the stored value.
+template <typename T>
+__device__ __forceinline__ float af_stored_as(float v) {
+    return af_to_float(af_from_float<T>(v));
+}
+
+// bfloat16(v) as a float (rounded to nearest even).
+__device__ __forceinline__ float af_round_bf16(float v) { return af_stored_as<__nv_bfloat16>(v); }
+
 // out[0..V) = p[0..V) as floats; p is 16-byte aligned when V > 1.
 template <int V, typename T>
 __device__ __forceinline__ void af_load_floats(const T* __restrict__ p, float* out) {
@@ -53,6 +70,24 @@ __device__ __forceinline__ void af_store_floats(float* __restrict__ p, const flo
         static_assert(V % 4 == 0, "float stores go 4 at a time");
 #pragma unroll
         for (int i = 0; i < V / 4; ++i) reinterpret_cast<float4*>(p)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    }
+}
+
+// p[0..V) = v[0..V) rounded to bfloat16; p is 16-byte aligned when V > 1 (V is then a multiple of 8).
+template <int V>
+__device__ __forceinline__ void af_store_floats(__nv_bfloat16* __restrict__ p, const float* v) {
+    if constexpr (V == 1) {
+        p[0] = __float2bfloat16_rn(v[0]);
+    } else {
+        static_assert(V % 8 == 0, "bfloat16 stores go 8 at a time");
+#pragma unroll
+        for (int i = 0; i < V / 8; ++i) {
+            uint4 q;
+            __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&q);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(v[8 * i + 2 * k], v[8 * i + 2 * k + 1]);
+            reinterpret_cast<uint4*>(p)[i] = q;
+        }
     }
 }
 

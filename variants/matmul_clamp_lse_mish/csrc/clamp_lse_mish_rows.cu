@@ -8,6 +8,16 @@
 //
 // NaN and ±inf follow PyTorch (torch.clamp keeps a NaN, torch.logsumexp gives NaN for a row
 // holding one, +inf for a row whose max is +inf, −inf for a row of −inf): see math.cuh.
+//
+// A bfloat16 model (af_clamp_lse_mish_rows_bf16): y is linear's own bfloat16 output, bias
+// included, and the kernel rounds where the model's bfloat16 reference stores a tensor, so
+// KernelBench's harness at bfloat16 finds the reference's output: v = clamp(2·bf16(y·s)), then
+// torch's logsumexp of a bfloat16 row (m = max v; bf16(v − m), its exp and the row's float32
+// sum each rounded; z = bf16(m + bf16(log Σ))), then bf16(z·bf16(mish(z))). Each term is
+// rounded against the row's max, which one pass cannot know: the row is read twice (the
+// second read from L2). A tile-relative sum, rounded once, put 3 of 1024 rows one bfloat16
+// step off z, and their outputs past the harness's tolerance (see the triton variant's
+// lse_mish_finish_bf16).
 #include "math.cuh"
 #include "rows.cuh"
 
@@ -80,6 +90,64 @@ int launch_rows(const T* y, const float* bias, float* out, float t, float lo, fl
         clamp_lse_mish_rows<T, W><<<M, BLOCK, 0, stream>>>(y, bias, out, N, t, lo, hi);
     } else {
         clamp_lse_mish_rows<T, 1><<<M, BLOCK, 0, stream>>>(y, bias, out, N, t, lo, hi);
+    }
+    AF_CHECK_LAUNCH();
+}
+
+// v = clamp(2·bf16(y·s), lo, hi) as the bfloat16 tensor the reference holds. Monotone in y
+// (non-decreasing for s ≥ 0, non-increasing for s < 0): so a row's max v is that of its max or
+// min y, and the first pass reads y without computing v.
+__device__ __forceinline__ float clamped_bf16(float y, float s, float lo, float hi) {
+    return af_round_bf16(af_clamp(af_round_bf16(y * s) * 2.f, lo, hi));
+}
+
+template <int V>
+__global__ void __launch_bounds__(BLOCK)
+clamp_lse_mish_rows_bf16(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ out, int N, float s,
+                         float lo, float hi) {
+    __shared__ float red[BLOCK / 32];
+    const __nv_bfloat16* r = y + (size_t)blockIdx.x * N;
+    float y_max = -INFINITY, y_min = INFINITY;
+    bool nan = false;
+    for (int c = threadIdx.x * V; c < N; c += BLOCK * V) {
+        float v[V];
+        af_load_floats<V>(r + c, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            nan |= isnan(v[i] * s);  // a NaN, or ±inf times a zero scale: torch.amax keeps it
+            y_max = fmaxf(y_max, v[i]);
+            y_min = fminf(y_min, v[i]);
+        }
+    }
+    y_max = af_block_max<BLOCK>(y_max, red);
+    y_min = -af_block_max<BLOCK>(-y_min, red);
+    // A NaN scale or bound makes every v NaN through clamped_bf16 itself.
+    const float m = __syncthreads_or(nan) ? NAN : clamped_bf16(s >= 0.f ? y_max : y_min, s, lo, hi);
+    const float shift = isinf(m) ? 0.f : m;  // logsumexp's masked_fill of an infinite max
+    float sum = 0.f;
+    for (int c = threadIdx.x * V; c < N; c += BLOCK * V) {
+        float v[V];
+        af_load_floats<V>(r + c, v);  // from L2: the first pass read it
+#pragma unroll
+        for (int i = 0; i < V; ++i) sum += af_round_bf16(expf(af_round_bf16(clamped_bf16(v[i], s, lo, hi) - shift)));
+    }
+    sum = af_block_sum<BLOCK>(sum, red);
+    if (threadIdx.x == 0) {
+        const float z = af_round_bf16(af_round_bf16(logf(af_round_bf16(sum))) + shift);
+        out[blockIdx.x] = __float2bfloat16_rn(z * af_round_bf16(af_mish(z)));
+    }
+}
+
+// A bfloat16 model's rows: y M×N bfloat16 (bias included), out M bfloat16; s = scale_factor.
+AF_EXPORT int af_clamp_lse_mish_rows_bf16(const void* y, void* out, float s, float lo, float hi, int M, int N,
+                                          cudaStream_t stream) {
+    if (M == 0) return 0;
+    const auto* y16 = static_cast<const __nv_bfloat16*>(y);
+    auto* out16 = static_cast<__nv_bfloat16*>(out);
+    if (N % 8 == 0 && af_aligned16(y16)) {
+        clamp_lse_mish_rows_bf16<8><<<M, BLOCK, 0, stream>>>(y16, out16, N, s, lo, hi);
+    } else {
+        clamp_lse_mish_rows_bf16<1><<<M, BLOCK, 0, stream>>>(y16, out16, N, s, lo, hi);
     }
     AF_CHECK_LAUNCH();
 }

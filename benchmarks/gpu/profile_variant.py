@@ -1,11 +1,14 @@
 """Where a variant's time goes on the GPU: each kernel's device time per call, and the floor's.
 
     python3 benchmarks/gpu/profile_variant.py matmul_clamp_lse_mish cublas_epilogue --precision bf16 [--params block=128]
+        [--dtype bfloat16]
 
 Runs the variant at the problem's default shape (KernelBench's inputs) under torch.profiler,
 the L2 flushed before each call as in `autofuse.tuning.timing`, and prints the kernels' average
 device time per call next to cuBLAS alone at that precision (the bench's floor) and the input
-cast. For the question "the parts add to less than the whole: where is the rest?".
+cast. For the question "the parts add to less than the whole: where is the rest?". With
+``--dtype bfloat16``, a bfloat16 model: beside the floor, linear with its bias (the reference's own
+GEMM, which the cublas_epilogue variants start from) and the eager bfloat16 model.
 """
 
 import argparse
@@ -42,20 +45,28 @@ def main():
     ap.add_argument("variant")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--mode", default="train")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--params", default="", help="k=v,... (default: the variant's default configuration)")
     args = ap.parse_args()
     prob = registry.get_problem(args.problem)
     shape = dict(prob.default_shapes[0])
     device = torch.device("cuda")
-    model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, torch.float32, args.mode)
+    dtype = getattr(torch, args.dtype)
+    model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, dtype, args.mode)
     cls = registry.get_variant(args.problem, args.variant)
-    params = dict((k, int(v)) for k, v in (p.split("=") for p in args.params.split(",") if p)) or cls.configs(shape, "cuda")[0]
+    params = (dict((k, int(v)) for k, v in (p.split("=") for p in args.params.split(",") if p))
+              or cls.configs_for(shape, "cuda", args.precision)[0])
     variant = cls(args.precision, **params)
     variant.build("cuda")
     weight = prob.linear_of(model).weight.detach() if prob.floor == "gemm" else None
     with torch.no_grad():
         parts = {f"{args.variant} {params}": lambda: variant(model, x)}
-        if weight is not None and args.precision == "bf16":
+        if weight is not None and dtype == torch.bfloat16:
+            linear = prob.linear_of(model)
+            parts["floor: bf16 GEMM alone"] = lambda: x @ weight.t()
+            parts["linear with its bias (the reference's GEMM)"] = lambda: linear(x)
+            parts["eager bfloat16 model"] = lambda: model(x)
+        elif weight is not None and args.precision == "bf16":
             xb, wb = x.bfloat16(), weight.bfloat16()
             parts["floor: bf16 GEMM alone"] = lambda: xb @ wb.t()
             parts["cast x to bf16"] = x.bfloat16

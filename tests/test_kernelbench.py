@@ -271,3 +271,16 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert untuned["timing"]["grad"]["dispatch"] == "eager (no entry: reference)" and untuned["target"] == ">= 50x"
     assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
     assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()
+
+
+def test_the_device_harness_script_judges_a_bfloat16_model_by_its_own_targets():
+    """Issue 34's speedups for a bfloat16 model (22 1.35x, ...), issue 13's for a float32 one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernelbench_harness", FILES.parents[1] / "benchmarks" / "gpu" / "kernelbench_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    timing = {"timing": {"grad": {"speedup": 1.33}, "no_grad": {"speedup": 1.30}}}
+    assert harness.verdict("matmul_clamp_lse_mish", {**timing, "dtype": "bfloat16"}) == (">= 1.35x", "missed by 1.5%")
+    assert harness.verdict("matmul_clamp_lse_mish", {**timing, "dtype": "float32"}) == (">= no-grad 1.30x", "met")
+    assert harness.verdict("matmul_gelu_softmax", {**timing, "dtype": "bfloat16"}) == (">= 1.1x", "met")

@@ -32,7 +32,8 @@ precision the export names: KernelBench's inputs are float32 `torch.rand`).
 
 Beyond the harness (not part of its number): the same timing under torch.no_grad(), because the
 target (issue 13) is that the harness's grad-mode speedup is at least the no-grad dispatch's for
-22, 99 and 39, and 50x for 51; and which variant the dispatch picks with and without grad.
+22, 99 and 39, and 50x for 51; and which variant the dispatch picks with and without grad. A
+bfloat16 model's targets are issue 34's: 22 1.35x, 99 1.10x, 39 1.4x, 51 8x.
 On the CPU the events are a monotonic clock and there is no L2 to thrash; `--small` rewrites the
 exported file's sizes to (16, 32, 24), so the procedure can be checked anywhere in seconds.
 """
@@ -59,6 +60,9 @@ MARKER = "# ---- autofuse"  # where the export's ModelNew part begins (autofuse.
 # Issue 13's targets for the harness's number, by problem: at least this speedup over Model,
 # or (None) at least the no-grad dispatch's own speedup.
 MIN_SPEEDUP = {"gemm_avgpool_gelu_residual": 50.0}
+# Issue 34's, for a bfloat16 model (--dtype bfloat16): at least this speedup over Model.
+BFLOAT16_MODEL_SPEEDUP = {"matmul_clamp_lse_mish": 1.35, "matmul_gelu_softmax": 1.10, "gemm_bn": 1.4,
+                          "gemm_avgpool_gelu_residual": 8.0}
 
 
 def set_seed(seed: int, device: str) -> None:
@@ -169,13 +173,15 @@ def speedups(model, model_new, get_inputs, seed, trials, device, dtype) -> dict:
 
 
 def verdict(problem: str, result: dict) -> tuple[str, str]:
-    """(target, verdict) of issue 13 for the harness's grad-mode speedup."""
+    """(target, verdict) for the harness's grad-mode speedup: issue 34's for a bfloat16 model, else
+    issue 13's."""
     if "error" in result:
         return "-", "failed"
     if "timing" not in result:
         return "-", "incorrect"
     grad, no_grad = result["timing"]["grad"]["speedup"], result["timing"]["no_grad"]["speedup"]
-    wanted = MIN_SPEEDUP.get(problem)
+    targets = BFLOAT16_MODEL_SPEEDUP if result.get("dtype") == "bfloat16" else MIN_SPEEDUP
+    wanted = targets.get(problem)
     target = f">= {wanted:g}x" if wanted else f">= no-grad {no_grad:.2f}x"
     wanted = wanted or no_grad
     return target, "met" if grad >= wanted else f"missed by {100 * (wanted / grad - 1):.1f}%"

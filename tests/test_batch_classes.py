@@ -323,3 +323,34 @@ def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path,
         with torch.no_grad():
             want = reference(x.double())
         assert_close(out, want, prob.tolerance(precision), what=f"batch {batch} ({info['source']}, {info['variant']})")
+
+
+def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_that_add_them(tmp_path, capsys):
+    """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with its tune (same
+    shape, dtype, precision and mode, the variants it raced); one with rungs is not, nor is an
+    autograd entry (tuned beside its forward key)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu" / "batch_class_gaps.py"
+    spec = importlib.util.spec_from_file_location("batch_class_gaps", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tuned, rung = "batch_size=1024,in_features=64,out_features=32", "batch_size=1,in_features=64,out_features=32"
+    alone = "dtype=float32,precision=tf32,mode=train,autograd=false"
+    laddered = "dtype=float32,precision=fp32,mode=train,autograd=false"
+
+    def entry(variant, **extra):
+        return {"variant": variant, "params": {}, "candidates": {"eager": {}, variant: {}}, **extra}
+
+    doc = {"schema": 1, "version": 1, "devices": {"cuda|X": {"fingerprint": {}, "problems": {"gemm_bn": {
+        tuned: {alone: entry("triton"), laddered: entry("triton"), alone.replace("false", "true"): entry("eager")},
+        rung: {laddered: entry("triton", rung_of=tuned)}}}}}}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(doc))
+    assert script.main(["--table", str(table), "--budget", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1 tuned forward keys without batch classes in {table}")
+    assert f"gemm_bn at batch 1024, {alone}:" in out and "precision=fp32" not in out
+    assert (f"autofuse tune gemm_bn --shape {tuned} --dtype float32 --precision tf32 --mode train "
+            f"--variants eager,triton --table {table} --no-progress --budget quick") in out

@@ -1,0 +1,75 @@
+"""The tuned shape families of a dispatch table that hold no batch classes, and the tunes that add them.
+
+    python3 benchmarks/gpu/batch_class_gaps.py [--table benchmarks/table.json] [--run [--timeout 300]]
+        [--budget quick]
+
+A tune at batch B also gates and times entries for the family's other batch classes, 1 (2 for a
+training BatchNorm) to 2B (``autofuse.tuning.batch_classes``): each batch then gets an entry that
+passed the gate in its class. A family tuned before batch classes existed, or with
+``--no-batch-classes``, holds B alone, and another batch gets B's entry by the nearest-batch
+fallback, ungated there, or the reference (``autofuse.serve.dispatch``). This prints, per such
+forward key (a tune's autograd entry is tuned beside it), the ``autofuse tune`` command that adds
+its batch classes: the same shape, dtype, precision and mode, among the variants its entry's tune
+raced. ``--run`` runs the commands one after another into ``--table`` (on the GPU the table was
+tuned on; 60-130 s each on an H100 under the default budget) and prints each one's exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+
+from autofuse.core import registry
+from autofuse.serve.table import DispatchKey, parse_shape_key
+
+
+def gaps(doc: dict) -> list[tuple[str, str, str, list[str]]]:
+    """(problem, shape key, dispatch key, variants raced) of each tuned forward entry without rungs."""
+    found = []
+    for device in doc["devices"].values():
+        for problem, shapes in device["problems"].items():
+            rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
+            for shape, keys in sorted(shapes.items()):
+                for dkey, entry in sorted(keys.items()):
+                    if "rung_of" in entry or DispatchKey.from_str(dkey).autograd or (shape, dkey) in rungs:
+                        continue
+                    raced = sorted(entry.get("candidates") or {}) or [entry["variant"]]
+                    found.append((problem, shape, dkey, raced))
+    return found
+
+
+def command(problem: str, shape: str, dkey: str, variants: list[str], table: str, budget: str | None = None) -> list[str]:
+    key = DispatchKey.from_str(dkey)
+    mode = [] if key.mode == "any" else ["--mode", key.mode]
+    return ["autofuse", "tune", problem, "--shape", shape, "--dtype", key.dtype, "--precision", key.precision, *mode,
+            "--variants", ",".join(variants), "--table", table, "--no-progress", *(["--budget", budget] if budget else [])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default="benchmarks/table.json")
+    ap.add_argument("--run", action="store_true", help="run the tunes, one after another")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds a tune may take under --run")
+    ap.add_argument("--budget", choices=["quick", "full"], default=None, help="the tunes' budget (default: autofuse's)")
+    args = ap.parse_args(argv)
+    with open(args.table) as f:
+        found = gaps(json.load(f))
+    print(f"{len(found)} tuned forward keys without batch classes in {args.table}")
+    for problem, shape, dkey, variants in found:
+        batch = parse_shape_key(shape)[registry.get_problem(problem).batch_dim]
+        argv_ = command(problem, shape, dkey, variants, args.table, args.budget)
+        print(f"{problem} at batch {batch}, {dkey}:\n  {shlex.join(argv_)}", flush=True)
+        if args.run:
+            try:
+                rc = subprocess.run(argv_, timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timed out"
+            print(f"  -> {rc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

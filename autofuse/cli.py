@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch-classes", action=argparse.BooleanOptionalAction, default=True,
                       help="also gate and time entries for the shape's other batch classes: the smallest batch, "
                            "8, 64, 512 ... below it and twice it (default on)")
+    tune.add_argument("--batch-classes-only", action="store_true",
+                      help="search nothing: add the batch classes of the entries the table holds for the key "
+                           "(one tuned before batch classes, or with --no-batch-classes)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
@@ -148,7 +151,8 @@ def _tune(args) -> None:
                    mode=args.mode, n_trials=args.trials, timeout=args.timeout, table=args.table, seed=args.seed,
                    trial_timeout=args.trial_timeout, variants=args.variants,
                    autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
-                   progress=not args.no_progress, budget=args.budget, batch_classes=args.batch_classes)
+                   progress=not args.no_progress, budget=args.budget, batch_classes=args.batch_classes,
+                   classes_only=args.batch_classes_only)
     for result in results:
         _print_result(result)
 
@@ -174,7 +178,8 @@ def _print_result(result) -> None:
         ])
     headers = ["variant", "params", "median ms", "p20-p80", "vs eager", "error", *(["compile s"] if compiles else []),
                "outcome", "trials", "reason"]
-    print(tabulate(rows, headers=headers))
+    if rows:  # none where only batch classes were added: the entries below were the table's
+        print(tabulate(rows, headers=headers))
     for label, entry in (("winner", result.winner), ("autograd winner", result.grad_winner)):
         if entry is not None:
             speedup = f", {entry['speedup']:.2f}x eager" if entry.get("speedup") else ""

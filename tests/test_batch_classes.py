@@ -261,6 +261,43 @@ def test_a_rerun_with_nothing_new_measures_no_rung_again(tmp_path, monkeypatch):
     assert DispatchTable(tmp_path / "t.json").load()["devices"]
 
 
+def test_classes_only_adds_the_batch_classes_of_the_entry_the_table_holds_and_searches_nothing(tmp_path, monkeypatch):
+    """A key tuned without batch classes, then ``classes_only``: the rungs 1, 8 and 32 appear, raced
+    as after a search; the entry at 16 keeps what its tune measured and gains the batches its
+    configuration passed; no candidate at 16 is measured again."""
+    from autofuse.tuning import worker as worker_module
+
+    table = tmp_path / "t.json"
+    kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], autograd_entry=False, progress=False,
+                  table=table)
+    [tuned] = autofuse.tune("matmul_gelu_softmax", TUNED, batch_classes=False, **kwargs)
+    before = entries_by_batch(table)[16]
+    assert sorted(entries_by_batch(table)) == [16] and "gated_batches" not in before
+    shapes = []
+    real_call = worker_module.Worker.call
+    monkeypatch.setattr(worker_module.Worker, "call", lambda self, op, payload, timeout: shapes.append(
+        payload[0].shape["batch_size"]) or real_call(self, op, payload, timeout))
+    [added] = autofuse.tune("matmul_gelu_softmax", TUNED, classes_only=True, **kwargs)
+    assert shapes and 16 not in shapes, shapes  # the rungs' races only
+    entries = entries_by_batch(table)
+    assert sorted(entries) == [1, 8, 16, 32]
+    for batch in (1, 8, 32):
+        assert entries[batch]["rung_of"] == "batch_size=16,in_features=48,out_features=40"
+    after = entries[16]
+    assert {k: v for k, v in after.items() if k != "gated_batches"} == before
+    assert added.winner["variant"] == tuned.winner["variant"] and added.rows == []
+    assert 16 in after["gated_batches"]
+
+
+def test_classes_only_refuses_a_key_the_table_does_not_hold(tmp_path):
+    with pytest.raises(autofuse.InputError, match="holds no usable entry"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, device="cpu", variants=["eager"], autograd_entry=False,
+                      progress=False, table=tmp_path / "t.json", classes_only=True)
+    with pytest.raises(autofuse.InputError, match="needs batch_classes on"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, device="cpu", table=tmp_path / "t.json", classes_only=True,
+                      batch_classes=False)
+
+
 # -- on the GPU ---------------------------------------------------------------------------
 
 GPU_CASES = [("matmul_gelu_softmax", "any"), ("matmul_clamp_lse_mish", "any"), ("gemm_bn", "train"), ("gemm_bn", "eval")]
@@ -326,9 +363,10 @@ def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path,
 
 
 def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_that_add_them(tmp_path, capsys):
-    """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with its tune (same
-    shape, dtype, precision and mode, the variants it raced); one with rungs is not, nor is an
-    autograd entry (tuned beside its forward key)."""
+    """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with the tune that adds
+    its batch classes without a search (same shape, dtype, precision and mode, the variants it
+    raced; its autograd entry's too where the table holds one); one with rungs is not, nor is an
+    autograd entry (its classes come with its forward key's)."""
     import importlib.util
     import pathlib
 
@@ -353,4 +391,8 @@ def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_th
     assert out.startswith(f"1 tuned forward keys without batch classes in {table}")
     assert f"gemm_bn at batch 1024, {alone}:" in out and "precision=fp32" not in out
     assert (f"autofuse tune gemm_bn --shape {tuned} --dtype float32 --precision tf32 --mode train "
-            f"--variants eager,triton --table {table} --no-progress --budget quick") in out
+            f"--variants eager,triton --batch-classes-only --table {table} --no-progress --budget quick") in out
+    del doc["devices"]["cuda|X"]["problems"]["gemm_bn"][tuned][alone.replace("false", "true")]
+    table.write_text(json.dumps(doc))
+    assert script.main(["--table", str(table)]) == 0
+    assert "--batch-classes-only --no-autograd-entry" in capsys.readouterr().out

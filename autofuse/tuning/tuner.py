@@ -80,6 +80,7 @@ class Plan:
     progress: bool = True
     budget: str = "quick"
     batch_classes: bool = True  # also gate and time the shape family's other batch classes
+    classes_only: bool = False  # no search: add the batch classes of the entries the table holds
     backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
 
     def to_json(self) -> dict:
@@ -91,7 +92,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
          storage=None, workers: int = 1, progress: bool = True, budget: str = "quick",
-         batch_classes: bool = True) -> list[TuneResult]:
+         batch_classes: bool = True, classes_only: bool = False) -> list[TuneResult]:
     """Tune ``problem`` at ``shape`` (default: each of its default shapes, which on the CPU must be
     CPU-sized: ``placement``); see the module docstring.
 
@@ -102,7 +103,10 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     all on the CPU), before this process makes the final choice. ``budget`` is "quick" or "full"
     (``autofuse.tuning.budget``). With ``batch_classes`` each shape's entries are also gated and timed
     at the family's other batch classes (``autofuse.tuning.batch_classes``), each written as an entry
-    of its own. Returns one TuneResult per shape.
+    of its own. ``classes_only`` searches nothing: it adds the batch classes of the entries the table
+    already holds for each shape's key (a key tuned before batch classes existed, or without them),
+    the rungs' races alone, which the search at B would have been followed by anyway. Returns one
+    TuneResult per shape.
     """
     prob = registry.get_problem(problem)
     _check_limits(n_trials, timeout, trial_timeout)
@@ -115,10 +119,15 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     if workers > 1 and storage is not None and url is None:
         raise InputError(f"workers > 1 need a storage URL that their processes can open too, got a {type(storage).__name__}")
     get_budget(budget)  # an unknown budget name fails here, before any work
+    if classes_only and not (batch_classes and prob.batch_dim is not None):
+        raise InputError(f"classes_only adds batch classes: it needs batch_classes on and a problem with a batch "
+                         f"dimension ({prob.name}: {prob.batch_dim})")
     plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
-                bool(batch_classes), backend=open_storage(storage))  # a bad URL fails here, before any work
+                bool(batch_classes), bool(classes_only), backend=open_storage(storage))  # a bad URL fails here
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
+        if classes_only:
+            return [_add_classes(prob, s, settings, worker, table, plan) for s in shapes]
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
 
 
@@ -251,6 +260,35 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
         _record_items(table, items, rescue)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
                       time.monotonic() - started, provisional.first_s, job.log, entries_s)
+
+
+def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
+    """``classes_only``: the batch classes of the entries ``table`` holds for the shape's key, raced
+    as after a search (``batch_classes.cover``) but with no search's ranking to draw on: each rung
+    races the entry's configuration, the small-batch seeds, the simplest variants and, for a
+    winner restricted to where it was gated, its variant at the next stricter precision."""
+    started = time.monotonic()
+    spaces = _spaces(prob, shape, settings, plan.variants)
+    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
+              settings["seed"], log=str(log_path(prob.name, shape, settings)))
+    fingerprint = current_fingerprint(settings["device"])
+    key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    label = f"{prob.name} {prob.shape_str(shape)}"
+    recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
+    if recorded is None:
+        raise InputError(f"{label} ({key.to_str()}): the table holds no usable entry{' pair' if plan.autograd_entry else ''} "
+                         "for this key to add batch classes to: tune it (without classes_only) first")
+    variants = registry.variants(prob.name)
+    for entry in recorded:
+        if entry is not None and entry.get("source_hash") != variants[entry["variant"]].source_hash():
+            raise InputError(f"{label}: the table's {entry['variant']} entry is stale (its source changed since "
+                             "it was measured): tune the key again, batch classes and all")
+    winner, grad_winner = recorded
+    items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
+                                batch_classes.Searched({}, spaces, winner.get("study") or label, False), label)
+    _record_items(table, items)
+    return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, [], str(table.path),
+                      time.monotonic() - started, None, job.log, 0.0)
 
 
 class _Provisional:

@@ -8,10 +8,11 @@ training BatchNorm) to 2B (``autofuse.tuning.batch_classes``): each batch then g
 passed the gate in its class. A family tuned before batch classes existed, or with
 ``--no-batch-classes``, holds B alone, and another batch gets B's entry by the nearest-batch
 fallback, ungated there, or the reference (``autofuse.serve.dispatch``). This prints, per such
-forward key (a tune's autograd entry is tuned beside it), the ``autofuse tune`` command that adds
-its batch classes: the same shape, dtype, precision and mode, among the variants its entry's tune
-raced. ``--run`` runs the commands one after another into ``--table`` (on the GPU the table was
-tuned on; 60-130 s each on an H100 under the default budget) and prints each one's exit status.
+forward key, the ``autofuse tune --batch-classes-only`` command that adds its batch classes (and
+its autograd entry's, where the table holds one) without searching the key again: the same shape,
+dtype, precision and mode, among the variants its entry's tune raced. ``--run`` runs them one
+after another into ``--table``, on the GPU the table was tuned on, and prints each one's exit
+status.
 """
 
 from __future__ import annotations
@@ -26,26 +27,31 @@ from autofuse.core import registry
 from autofuse.serve.table import DispatchKey, parse_shape_key
 
 
-def gaps(doc: dict) -> list[tuple[str, str, str, list[str]]]:
-    """(problem, shape key, dispatch key, variants raced) of each tuned forward entry without rungs."""
+def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
+    """(problem, shape key, dispatch key, variants raced, whether an autograd entry is beside it)
+    of each tuned forward entry without rungs."""
     found = []
     for device in doc["devices"].values():
         for problem, shapes in device["problems"].items():
             rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
             for shape, keys in sorted(shapes.items()):
                 for dkey, entry in sorted(keys.items()):
-                    if "rung_of" in entry or DispatchKey.from_str(dkey).autograd or (shape, dkey) in rungs:
+                    key = DispatchKey.from_str(dkey)
+                    if "rung_of" in entry or key.autograd or (shape, dkey) in rungs:
                         continue
-                    raced = sorted(entry.get("candidates") or {}) or [entry["variant"]]
-                    found.append((problem, shape, dkey, raced))
+                    grad = keys.get(DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str())
+                    raced = {name for e in (entry, grad) if e for name in (e["variant"], *(e.get("candidates") or {}))}
+                    found.append((problem, shape, dkey, sorted(raced), grad is not None))
     return found
 
 
-def command(problem: str, shape: str, dkey: str, variants: list[str], table: str, budget: str | None = None) -> list[str]:
+def command(problem: str, shape: str, dkey: str, variants: list[str], grad: bool, table: str,
+            budget: str | None = None) -> list[str]:
     key = DispatchKey.from_str(dkey)
     mode = [] if key.mode == "any" else ["--mode", key.mode]
     return ["autofuse", "tune", problem, "--shape", shape, "--dtype", key.dtype, "--precision", key.precision, *mode,
-            "--variants", ",".join(variants), "--table", table, "--no-progress", *(["--budget", budget] if budget else [])]
+            "--variants", ",".join(variants), "--batch-classes-only", *([] if grad else ["--no-autograd-entry"]),
+            "--table", table, "--no-progress", *(["--budget", budget] if budget else [])]
 
 
 def main(argv=None) -> int:
@@ -58,9 +64,9 @@ def main(argv=None) -> int:
     with open(args.table) as f:
         found = gaps(json.load(f))
     print(f"{len(found)} tuned forward keys without batch classes in {args.table}")
-    for problem, shape, dkey, variants in found:
+    for problem, shape, dkey, variants, grad in found:
         batch = parse_shape_key(shape)[registry.get_problem(problem).batch_dim]
-        argv_ = command(problem, shape, dkey, variants, args.table, args.budget)
+        argv_ = command(problem, shape, dkey, variants, grad, args.table, args.budget)
         print(f"{problem} at batch {batch}, {dkey}:\n  {shlex.join(argv_)}", flush=True)
         if args.run:
             try:

@@ -178,7 +178,7 @@ def _print_result(result) -> None:
         ])
     headers = ["variant", "params", "median ms", "p20-p80", "vs eager", "error", *(["compile s"] if compiles else []),
                "outcome", "trials", "reason"]
-    if rows:  # none where only batch classes were added: the entries below were the table's
+    if not result.classes_only:  # otherwise nothing was searched: the entries below are the table's
         print(tabulate(rows, headers=headers))
     for label, entry in (("winner", result.winner), ("autograd winner", result.grad_winner)):
         if entry is not None:
@@ -191,7 +191,8 @@ def _print_result(result) -> None:
     first = f"; first entry after {result.first_entry_s:.0f} s" if result.first_entry_s is not None else ""
     entries = ("" if result.entries_s is None else f" (its entries after {result.entries_s:.0f} s, its batch "
                f"classes {result.seconds - result.entries_s:.0f} s more)")
-    print(f"tuned in {result.seconds:.0f} s{entries}{first}; what the candidates printed: {result.log_path}")
+    done = f"batch classes added in {result.seconds:.0f} s" if result.classes_only else f"tuned in {result.seconds:.0f} s{entries}"
+    print(f"{done}{first}; what the candidates printed: {result.log_path}")
 
 
 def _timed(row):

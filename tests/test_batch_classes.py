@@ -285,14 +285,18 @@ def test_classes_only_adds_the_batch_classes_of_the_entry_the_table_holds_and_se
         assert entries[batch]["rung_of"] == "batch_size=16,in_features=48,out_features=40"
     after = entries[16]
     assert {k: v for k, v in after.items() if k != "gated_batches"} == before
-    assert added.winner["variant"] == tuned.winner["variant"] and added.rows == []
+    assert added.winner["variant"] == tuned.winner["variant"] and added.rows == [] and added.classes_only
     assert 16 in after["gated_batches"]
 
 
 def test_classes_only_refuses_a_key_the_table_does_not_hold(tmp_path):
+    kwargs = dict(device="cpu", variants=["eager"], progress=False, table=tmp_path / "t.json", classes_only=True)
     with pytest.raises(autofuse.InputError, match="holds no usable entry"):
-        autofuse.tune("matmul_gelu_softmax", TUNED, device="cpu", variants=["eager"], autograd_entry=False,
-                      progress=False, table=tmp_path / "t.json", classes_only=True)
+        autofuse.tune("matmul_gelu_softmax", TUNED, autograd_entry=False, **kwargs)
+    autofuse.tune("matmul_gelu_softmax", TUNED, device="cpu", variants=["eager"], progress=False, seed=1,
+                  table=tmp_path / "t.json", autograd_entry=False, batch_classes=False)
+    with pytest.raises(autofuse.InputError, match="no autograd entry beside it"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, **kwargs)
     with pytest.raises(autofuse.InputError, match="needs batch_classes on"):
         autofuse.tune("matmul_gelu_softmax", TUNED, device="cpu", table=tmp_path / "t.json", classes_only=True,
                       batch_classes=False)

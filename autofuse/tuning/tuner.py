@@ -64,6 +64,7 @@ class TuneResult:
     first_entry_s: float | None = None  # seconds until a provisional entry was written, if one was
     log_path: str | None = None  # what the candidates printed
     entries_s: float | None = None  # with batch classes: seconds until the key's own entries were written
+    classes_only: bool = False  # only batch classes were added: winner and grad_winner are the table's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,8 +277,12 @@ def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult
     label = f"{prob.name} {prob.shape_str(shape)}"
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
     if recorded is None:
-        raise InputError(f"{label} ({key.to_str()}): the table holds no usable entry{' pair' if plan.autograd_entry else ''} "
-                         "for this key to add batch classes to: tune it (without classes_only) first")
+        alone = plan.autograd_entry and _recorded(table, fingerprint, prob, shape, key, False) is not None
+        raise InputError(f"{label} ({key.to_str()}): " + (
+            "the table holds the forward entry but no autograd entry beside it: add the forward's batch classes "
+            "alone (--no-autograd-entry), or tune the key" if alone else
+            "the table holds no usable entry for this key to add batch classes to: tune it first "
+            "(without --batch-classes-only)"))
     variants = registry.variants(prob.name)
     for entry in recorded:
         if entry is not None and entry.get("source_hash") != variants[entry["variant"]].source_hash():
@@ -288,7 +293,7 @@ def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult
                                 batch_classes.Searched({}, spaces, winner.get("study") or label, False), label)
     _record_items(table, items)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, [], str(table.path),
-                      time.monotonic() - started, None, job.log, 0.0)
+                      time.monotonic() - started, None, job.log, None, classes_only=True)
 
 
 class _Provisional:

@@ -176,17 +176,23 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     return spaces
 
 
-def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
-    """The shape's search space, job, fingerprint, dispatch key, study name and study.
-
-    A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
-    """
+def _key_setup(prob, shape, settings, plan) -> tuple[dict, Job, dict, DispatchKey]:
+    """The shape's search space, job, fingerprint and (forward) dispatch key."""
     spaces = _spaces(prob, shape, settings, plan.variants)
     job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
               settings["seed"], log=str(log_path(prob.name, shape, settings)))
     # Read in this process: a rerun whose trials are all done then never starts a worker.
     fingerprint = current_fingerprint(settings["device"])
     key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    return spaces, job, fingerprint, key
+
+
+def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
+    """The shape's search space, job, fingerprint, dispatch key, study name and study.
+
+    A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
+    """
+    spaces, job, fingerprint, key = _key_setup(prob, shape, settings, plan)
     # Nothing process-specific (such as the seed) goes into the name: cooperating processes share the study.
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
@@ -269,11 +275,7 @@ def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult
     races the entry's configuration, the small-batch seeds, the simplest variants and, for a
     winner restricted to where it was gated, its variant at the next stricter precision."""
     started = time.monotonic()
-    spaces = _spaces(prob, shape, settings, plan.variants)
-    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
-              settings["seed"], log=str(log_path(prob.name, shape, settings)))
-    fingerprint = current_fingerprint(settings["device"])
-    key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
+    spaces, job, fingerprint, key = _key_setup(prob, shape, settings, plan)
     label = f"{prob.name} {prob.shape_str(shape)}"
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
     if recorded is None:

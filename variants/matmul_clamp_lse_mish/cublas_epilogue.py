@@ -48,9 +48,9 @@ class CublasEpilogueClampLseMish(CudaVariant):
     supports_autograd = True
 
     def forward(self, model, x):
-        scalars = clamp_lse_scalars(model)
         if model.matmul.weight.dtype == torch.bfloat16:
-            return self._bfloat16_model(model, x, scalars)
+            return self._bfloat16_model(model, x)
+        scalars = clamp_lse_scalars(model)
         op = gradients.fused_op(lambda *a, save: self._fused(*a, scalars, save=save), self.precision, scalars)
         return fused_call(op, x, model.matmul.weight, model.matmul.bias)
 
@@ -64,10 +64,11 @@ class CublasEpilogueClampLseMish(CudaVariant):
                     w.shape[0], device=x.device)  # fmt: skip
         return out, ((x, w, b, y, bias_left, None) if save else ())  # z: the backward takes it from y
 
-
-    def _bfloat16_model(self, model, x, scalars):
+    def _bfloat16_model(self, model, x):
+        # The GEMM is issued before the scalars' checks, which have no side effect either: a call
+        # timed from an idle GPU (KernelBench's harness) then does not wait on them (as gemm_bn's).
         y = bfloat16_model_linear(self, x, model.matmul, "matmul")
-        t, lo, hi = scalars
+        t, lo, hi = clamp_lse_scalars(model)
         out = torch.empty(y.shape[0], 1, device=y.device, dtype=torch.bfloat16)
         # The kernel multiplies by scale_factor, then doubles: x·s and x + x, each stored.
         self.launch("af_clamp_lse_mish_rows_bf16", y, out, 0.5 * t, lo, hi, *y.shape, device=y.device)

@@ -37,7 +37,9 @@ def knobs(monkeypatch):
 def _tune(shape: str, storage: str, table, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autofuse.cli", "tune", PROBLEM, "--device", "cpu", "--shape", shape,
                              "--storage", storage, "--table", str(table), "--variants", VARIANTS, "--no-progress",
-                             "--no-autograd-entry", "--no-batch-classes", *extra],  # one entry per table
+                             "--no-autograd-entry", "--no-batch-classes",  # one entry per table
+                             "--budget", "full",  # quick's prune and stall would let CPU timing noise cut the count
+                             *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

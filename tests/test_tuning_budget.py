@@ -88,6 +88,17 @@ def test_full_gates_every_candidate(sweep):
     assert worker.gated == worker.timed == 20
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_budget_that_covers_the_space_measures_all_of_it(seed):
+    """TPE comes back to its favourites on a small space; a budget that holds every
+    configuration still measures every one (CI once saw 9 of 10 measured)."""
+    spaces = {"eager": [{}], "simplified": [{}], "knobs": [{"k": k} for k in range(8)]}
+    times = {("eager", "{}"): 1.2, ("simplified", "{}"): 0.86}
+    times |= {("knobs", json.dumps({"k": k})): 0.9 + 0.5 * (k % 3) for k in range(8)}
+    _, worker, _ = _replay(spaces, times, seed, "full", total=10)
+    assert worker.timed == 10
+
+
 def test_a_hopeless_variant_is_drawn_no_more_and_a_stalled_search_stops():
     fast = [{"t": t} for t in range(30)]
     slow = [{"s": s} for s in range(30)]

@@ -52,6 +52,7 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
     progress_of = _Progress(budget, on_best, screen=len(spaces))
     if any(_is_triton(job, name) for name in spaces):
         prewarm.start(job.device, job.log)  # ready by the second batch, the first to compile in parallel
+    swept = False
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
@@ -61,6 +62,9 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             expired = deadline is not None and time.monotonic() >= deadline
             if progress_of.stalled():
                 return view.results
+            if room > 0 and asks_left <= 0 and not expired and not swept:
+                swept = True
+                asks_left = _enqueue_the_rest(study, spaces, view, room)
             if room > 0 and asks_left > 0 and not expired:
                 # A fresh study's first candidate (the likeliest winner's default) goes alone: its
                 # provisional entry then comes before the first batch's builds (nvcc, seconds each).
@@ -72,6 +76,26 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             else:
                 return view.results
             view = shared.view()
+
+
+def _enqueue_the_rest(study, spaces, view, room: int) -> int:
+    """Enqueue every configuration nobody has measured or is measuring if the budget's ``room``
+    holds them all, and return how many; else 0.
+
+    On a small space TPE settles on its favourites and suggests them again and again: two
+    processes sharing a 10-configuration study, with room for all 10, spent their asks on
+    repeats and left one unmeasured in 4 of 10 seeds (CI's
+    test_two_tuner_processes_share_one_postgresql_study). A budget that covers the whole space
+    asks for all of it.
+    """
+    taken = view.results.keys() | view.claims.keys()
+    rest = [(name, config) for name, configs in spaces.items() for config in configs
+            if (name, studies.config_label(config)) not in taken]
+    if len(rest) > room:
+        return 0
+    for name, config in rest:
+        studies.enqueue(study, name, config)
+    return len(rest)
 
 
 class _Progress:

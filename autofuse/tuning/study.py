@@ -86,7 +86,12 @@ def enqueue_starting_points(study: optuna.Study, spaces: dict[str, list[dict]],
         if (name, config) in seen:
             continue
         seen.append((name, config))
-        study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in config.items()}}, skip_if_exists=True)
+        enqueue(study, name, config)
+
+
+def enqueue(study: optuna.Study, name: str, config: dict) -> None:
+    """Make (variant ``name``, ``config``) the next trial asked (unless it is already waiting)."""
+    study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in config.items()}}, skip_if_exists=True)
 
 
 def suggest(trial: optuna.Trial, spaces: dict[str, list[dict]]) -> tuple[str, dict]:

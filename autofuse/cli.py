@@ -137,10 +137,11 @@ def _list(args) -> None:
         print(f"{problem['name']}{aliases}: {problem['description']}")
         print(f"  default shapes: {'; '.join(problem['default_shapes'])}   [plugin {problem['plugin']}]")
         rows = [[v["name"], v["kind"], ",".join(v["devices"]), ",".join(v["precisions"]), "yes" if v["autograd"] else "no",
-                 "yes" if v["unavailable"] is None else f"no: {v['unavailable']}", v["plugin"], v["description"]]
+                 v["bfloat16_model"], "yes" if v["unavailable"] is None else f"no: {v['unavailable']}", v["plugin"],
+                 v["description"]]
                 for v in list_variants(problem["name"])]  # fmt: skip
-        print(tabulate(rows, headers=["variant", "kind", "devices", "precisions", "autograd", "runs here", "plugin",
-                                      "description"]))
+        print(tabulate(rows, headers=["variant", "kind", "devices", "precisions", "autograd", "bfloat16 model",
+                                      "runs here", "plugin", "description"]))
         print()
 
 

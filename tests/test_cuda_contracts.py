@@ -42,8 +42,23 @@ def test_built_in_cuda_variants_are_fp32_cuda_only_and_all_have_a_backward():
                 assert cls.devices == ("cuda",) and cls.supports_autograd, name
                 assert cls.admits("cpu", torch.float32, "fp32", False) is not None
                 if not bf16:
-                    assert "not bfloat16 (a bfloat16 model is served by the triton variants)" in cls.admits(
+                    assert "not bfloat16 (`autofuse list` shows the variants that serve a bfloat16 model)" in cls.admits(
                         "cuda", torch.bfloat16, "bf16", False)
+
+
+def test_autofuse_list_says_which_variants_serve_a_bfloat16_model(monkeypatch):
+    """What the refusal above points at, whatever this machine lacks (here: nvcc)."""
+    from autofuse.core.listing import list_variants
+    from autofuse.kernels import build
+
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    for problem in ("gemm_bn", "gemm_avgpool_gelu_residual", "matmul_gelu_softmax", "matmul_clamp_lse_mish"):
+        listed = {v["name"]: v["bfloat16_model"] for v in list_variants(problem, "cpu")}
+        for name, cls in registry.variants(problem).items():
+            if issubclass(cls, CudaVariant):
+                want = "no" if (problem, name) not in BFLOAT16_MODELS else "yes" if cls.bfloat16_gradients else "forward"
+                assert listed[name] == want, (problem, name)
+        assert listed["eager"] == "yes" and listed.get("triton", "yes") == "yes"
 
 
 @pytest.mark.parametrize("problem", ["gemm_bn", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])

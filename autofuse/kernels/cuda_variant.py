@@ -54,7 +54,7 @@ class CudaVariant(Variant):
     def admits(cls, device, dtype, precision, autograd):
         if dtype not in cls.dtypes:
             return (f"its kernels take float32 tensors, not {str(dtype).removeprefix('torch.')} "
-                    "(a bfloat16 model is served by the triton variants)")
+                    "(`autofuse list` shows the variants that serve a bfloat16 model)")
         if dtype == torch.bfloat16 and precision != "bf16":
             return f"a bfloat16 model runs on bfloat16 operands: precision bf16 only, not {precision}"
         if dtype == torch.bfloat16 and autograd and not cls.bfloat16_gradients:

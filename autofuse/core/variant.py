@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from autofuse.core.precision import PRECISIONS, check_precision, math_mode
+from autofuse.core.source_hash import code_digest
 from autofuse.errors import InputError, PluginError
 
 # The built-in kinds, simplest first: the tuner keeps a simpler variant unless a more
@@ -170,9 +171,10 @@ class Variant:
 
 @functools.cache
 def _source_hash(cls: type[Variant]) -> str:
-    digest = hashlib.sha256()
+    """The code of the variant's module and of what it imports (``autofuse.core.source_hash``),
+    and its ``sources``' bytes."""
+    digest = hashlib.sha256(code_digest(cls.__module__).encode())
     module_file = pathlib.Path(inspect.getfile(cls))
-    digest.update(module_file.read_bytes())
     for source in cls.sources:
         digest.update((module_file.parent / source).read_bytes())
     return digest.hexdigest()[:16]

@@ -40,7 +40,8 @@ class CudaVariant(Variant):
 
     @classmethod
     def source_hash(cls) -> str:
-        digest = hashlib.sha256(pathlib.Path(inspect.getfile(cls)).read_bytes())
+        """The Python code's hash (``Variant.source_hash``), the .cu file's and every header's that it may include."""
+        digest = hashlib.sha256(super().source_hash().encode())
         digest.update(cls.source_path().read_bytes())
         for header in sorted(builder.CSRC_DIR.glob("*.cuh")) + sorted(cls.source_path().parent.glob("*.cuh")):
             digest.update(header.read_bytes())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from autofuse.kernels.autograd import FusedOp
-from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
+from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
 from ..matmul_gelu_softmax.gradients import gelu_grad
 
@@ -27,6 +27,11 @@ from ..matmul_gelu_softmax.gradients import gelu_grad
 # the second's with the best first (fused_backward takes them as parameters for such a sweep).
 ROWS, ROW_BLOCK_K = 16, 1024
 W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 64, 16, 4
+
+
+def _kernels():
+    """This problem's Triton kernels (triton_kernels.py), imported on first use: they import triton."""
+    return kernel_module(".triton_kernels", __package__)
 
 
 def backward(saved, grad, needs, n_out: int):
@@ -55,7 +60,7 @@ def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = RO
     """``backward`` through the two Triton passes (contiguous; x and g float32 or bfloat16); the
     block sizes are parameters so that a sweep can time them (the defaults: ROWS and the others above)."""
     (m, k), device = x.shape, x.device
-    kernels = problem_kernels("gemm_avgpool_gelu_residual")
+    kernels = _kernels()
     parts = -(-m // rows)
     dr = torch.empty(m, device=device)
     part = torch.empty(parts, k, device=device)

@@ -34,11 +34,16 @@ import torch
 
 from autofuse.core.precision import linear
 from autofuse.kernels.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, reduce_rows
-from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
+from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
 BACKWARD_BLOCK = (64, 128)
 COEFFICIENT_BLOCK = (64, 128)  # chunks summed at once × columns per program of bn_grad_coefficients
+
+
+def _kernels():
+    """This problem's Triton kernels (triton_kernels.py), imported on first use: they import triton."""
+    return kernel_module(".triton_kernels", __package__)
 
 
 def _kernels_apply(grad, z, *rest) -> bool:
@@ -66,7 +71,7 @@ def bn_coefficients(grad, z, shift, tile_rows: int, var, scale, gamma, eps: floa
     chunks, then one small kernel for the rest; else torch."""
     gamma = gamma if gamma is not None else torch.ones_like(var)
     if _kernels_apply(grad, z, shift, var, scale, gamma):
-        kernels = problem_kernels("gemm_bn")
+        kernels = _kernels()
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         rows = row_block(rows, shift, tile_rows)
         chunks = -(-m // rows)
@@ -95,7 +100,7 @@ def _bn_backward(grad, z, shift, tile_rows: int, a, b, c, layouts: GradLayouts) 
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         rows = row_block(rows, shift, tile_rows)
         buffers = GradBuffers(layouts, m, n, rows, grad.device)
-        problem_kernels("gemm_bn").bn_backward[(-(-m // rows), -(-n // cols))](
+        _kernels().bn_backward[(-(-m // rows), -(-n // cols))](
             grad, z, shift, a, b, c, **buffers.args, M=m, N=n, TILE_ROWS=tile_rows, BLOCK_R=rows, BLOCK_C=cols)
         return buffers.result()
     return GemmGrad.of(a * grad + b + c * centred(z, shift, tile_rows), layouts)

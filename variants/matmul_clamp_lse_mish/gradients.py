@@ -28,7 +28,12 @@ import torch.nn.functional as F
 
 from autofuse.core.precision import linear
 from autofuse.kernels.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, saved_logits
-from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
+from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
+
+
+def _kernels():
+    """This problem's Triton kernels (triton_kernels.py), imported on first use: they import triton."""
+    return kernel_module(".triton_kernels", __package__)
 
 
 def output_grad(z: torch.Tensor) -> torch.Tensor:
@@ -49,7 +54,7 @@ def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradL
     if fused_kernels_apply(y, z) and fused_kernels_apply(grad, dtypes=GRAD_DTYPES):
         rows, cols = BACKWARD_BLOCK
         buffers = GradBuffers(layouts, y.shape[0], y.shape[1], rows, y.device)
-        problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
+        _kernels().clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
             y, z, grad, **buffers.args, t=t, lo=lo, hi=hi, M=y.shape[0], N=y.shape[1], BLOCK_R=rows, BLOCK_C=cols)
         return buffers.result()
     acc = torch.promote_types(z.dtype, torch.float32)
@@ -75,7 +80,7 @@ def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layout
             and fused_kernels_apply(part_max, z) and fused_kernels_apply(grad, dtypes=GRAD_DTYPES)):
         buffers = GradBuffers(layouts, q.shape[0], q.shape[1], rows, q.device)
         grid = (-(-q.shape[0] // rows), -(-q.shape[1] // cols))
-        problem_kernels("matmul_clamp_lse_mish").clamp_lse_backward_from_q[grid](
+        _kernels().clamp_lse_backward_from_q[grid](
             q, part_max, z, grad, **buffers.args, t=t, M=q.shape[0], N=q.shape[1], PARTS=part_max.shape[1],
             TILE_N=tile_n, BLOCK_R=rows, BLOCK_C=cols)
         return buffers.result()

@@ -30,10 +30,15 @@ from autofuse.kernels.autograd import (
     fused_call,
     saved_logits,
 )
-from autofuse.kernels.triton.host import fused_kernels_apply, problem_kernels
+from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _kernels():
+    """This problem's Triton kernels (triton_kernels.py), imported on first use: they import triton."""
+    return kernel_module(".triton_kernels", __package__)
 
 
 def gelu_grad(y: torch.Tensor) -> torch.Tensor:
@@ -56,7 +61,7 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
     float64's error in tests/test_fused_gradients.py). Since Σ out = 1, g_top − Σ g·out = Σ_k out_k·(g_top − g_k) exactly, a sum of small terms with
     no cancellation: it gives the top entry, and Σ g·out = g_top − it gives the others."""
     if fused_kernels_apply(y) and fused_kernels_apply(out, grad, dtypes=(torch.float32, torch.bfloat16)):
-        kernels = problem_kernels("matmul_gelu_softmax")
+        kernels = _kernels()
         (m, n), (rows, cols) = out.shape, BACKWARD_BLOCK
         top = torch.empty(m, device=out.device, dtype=torch.int32)
         rest, total = torch.empty(2, m, device=out.device)

@@ -141,11 +141,6 @@ def _kernel_module(name: str):
     return Kernels(name)
 
 
-def problem_kernels(problem: str):
-    """``variants/<problem>/triton_kernels.py`` (see ``kernel_module``)."""
-    return kernel_module(f"autofuse.variants.{problem}.triton_kernels")
-
-
 def gemm_kernels():
     """``autofuse.kernels.triton.gemm``: the shared main loop and ``tf32_parts`` (see ``kernel_module``)."""
     return kernel_module("autofuse.kernels.triton.gemm")

@@ -366,11 +366,7 @@ def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path,
         assert_close(out, want, prob.tolerance(precision), what=f"batch {batch} ({info['source']}, {info['variant']})")
 
 
-def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_that_add_them(tmp_path, capsys):
-    """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with the tune that adds
-    its batch classes without a search (same shape, dtype, precision and mode, the variants it
-    raced; its autograd entry's too where the table holds one); one with rungs is not, nor is an
-    autograd entry (its classes come with its forward key's)."""
+def _gaps_script():
     import importlib.util
     import pathlib
 
@@ -378,6 +374,15 @@ def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_th
     spec = importlib.util.spec_from_file_location("batch_class_gaps", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_that_add_them(tmp_path, capsys):
+    """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with the tune that adds
+    its batch classes without a search (same shape, dtype, precision and mode, the variants it
+    raced; its autograd entry's too where the table holds one); one with rungs is not, nor is an
+    autograd entry (its classes come with its forward key's)."""
+    script = _gaps_script()
     tuned, rung = "batch_size=1024,in_features=64,out_features=32", "batch_size=1,in_features=64,out_features=32"
     alone = "dtype=float32,precision=tf32,mode=train,autograd=false"
     laddered = "dtype=float32,precision=fp32,mode=train,autograd=false"
@@ -400,3 +405,31 @@ def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_th
     table.write_text(json.dumps(doc))
     assert script.main(["--table", str(table)]) == 0
     assert "--batch-classes-only --no-autograd-entry" in capsys.readouterr().out
+
+
+def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_failure(tmp_path, capsys, monkeypatch):
+    table = tmp_path / "t.json"
+    kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], progress=False, table=table)
+    autofuse.tune("matmul_gelu_softmax", TUNED, batch_classes=False, autograd_entry=False, **kwargs)
+    autofuse.tune("matmul_gelu_softmax", TUNED, batch_classes=False, autograd_entry=False, precision="bf16", **kwargs)
+    script = _gaps_script()
+    real_tune, asked = autofuse.tune, []
+
+    def tune(problem, shape, **options):  # the first key's tune fails as a stale entry would
+        asked.append(options["precision"])
+        if len(asked) == 1:
+            raise autofuse.InputError("its entry is stale")
+        return real_tune(problem, shape, **options)
+
+    monkeypatch.setattr(autofuse, "tune", tune)
+    assert script.main(["--table", str(table), "--run"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("-> failed: its entry is stale") == 1 and out.count("-> batch classes added in") == 1, out
+    assert sorted(asked) == ["bf16", "fp32"]
+    done = "bf16" if asked[1] == "bf16" else "fp32"
+    assert sorted(entries_by_batch(table, key=f"dtype=float32,precision={done},mode=any,autograd=false")) == [1, 8, 16, 32]
+    monkeypatch.setattr(autofuse, "tune", real_tune)
+    assert script.main(["--table", str(table), "--run"]) == 0  # the failed key, again
+    assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes")
+    assert script.main(["--table", str(table)]) == 0
+    assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes")

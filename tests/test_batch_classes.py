@@ -189,7 +189,6 @@ class ScriptedWorker:
 
     def call(self, op, payload, timeout):
         from autofuse.tuning.outcome import Outcome, TrialResult
-        from autofuse.tuning.timing import Timing
 
         if op == "retime":
             job, candidates, rounds = payload

@@ -426,7 +426,8 @@ def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_fa
     assert out.count("-> failed: its entry is stale") == 1 and out.count("-> batch classes added in") == 1, out
     assert sorted(asked) == ["bf16", "fp32"]
     done = "bf16" if asked[1] == "bf16" else "fp32"
-    assert sorted(entries_by_batch(table, key=f"dtype=float32,precision={done},mode=any,autograd=false")) == [1, 8, 16, 32]
+    done_key = f"dtype=float32,precision={done},mode=any,autograd=false"
+    assert sorted(entries_by_batch(table, key=done_key)) == [1, 8, 16, 32]
     monkeypatch.setattr(autofuse, "tune", real_tune)
     assert script.main(["--table", str(table), "--run"]) == 0  # the failed key, again
     assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes")

@@ -8,8 +8,8 @@ results of other code. A variant's code is more than its module: its kernels liv
 follows the module's imports, at any depth (those inside functions too), within the kernel
 library, the built-in variants and a plugin's own package, and digests each module's text with
 its docstrings, comments and blank lines left out: editing a comment or a docstring leaves
-entries fresh, and any change to code stales them. Non-Python sources (``Variant.sources``, CUDA files and
-headers) are hashed as bytes by the variant classes that own them.
+entries fresh, and any change to code stales them. Non-Python sources (``Variant.sources``,
+CUDA files and headers) are hashed as bytes by the variant classes that own them.
 
 Until 2026-11-27 the hash read the variant's module file alone: the epilogue kernels of a triton
 variant (``triton_kernels.py``) and the main loop they share could change under its entries

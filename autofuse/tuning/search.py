@@ -82,11 +82,10 @@ def _enqueue_the_rest(study, spaces, view, room: int) -> int:
     """Enqueue every configuration nobody has measured or is measuring if the budget's ``room``
     holds them all, and return how many; else 0.
 
-    On a small space TPE settles on its favourites and suggests them again and again: two
-    processes sharing a 10-configuration study, with room for all 10, spent their asks on
-    repeats and left one unmeasured in 4 of 10 seeds (CI's
-    test_two_tuner_processes_share_one_postgresql_study). A budget that covers the whole space
-    asks for all of it.
+    On a small space TPE settles on its favourites and suggests them again and again: a
+    10-configuration space with room for all 10 spent its asks on repeats and left one
+    unmeasured in 4 of 10 seeds (one process; CI saw it with two sharing a PostgreSQL study).
+    A budget that covers the whole space asks for all of it.
     """
     taken = view.results.keys() | view.claims.keys()
     rest = [(name, config) for name, configs in spaces.items() for config in configs

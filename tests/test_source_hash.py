@@ -37,6 +37,7 @@ def _module(tmp_path, monkeypatch, files: dict) -> None:
     for name in [n for n in sys.modules if n.startswith("hashplug")]:
         del sys.modules[name]
     source_hash._origin_or_none.cache_clear()
+    source_hash._module.cache_clear()
 
 
 KERNELS = '''

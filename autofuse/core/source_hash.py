@@ -39,7 +39,7 @@ def code_digest(module_name: str) -> str:
     digest = hashlib.sha256()
     for name in closure(module_name):
         digest.update(name.encode())
-        digest.update(_code_digest_of(_origin(name)))
+        digest.update(_module(name)[1])
     return digest.hexdigest()
 
 
@@ -57,20 +57,29 @@ def closure(module_name: str) -> list[str]:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo.extend(n for n in _imports(name) if in_scope(n) and _origin_or_none(n))
+            todo.extend(n for n in _module(name)[0] if in_scope(n) and _origin_or_none(n))
     return sorted(seen)
 
 
-def _imports(name: str) -> set[str]:
+@functools.cache
+def _module(name: str) -> tuple[frozenset[str], bytes]:
+    """(the names module ``name`` imports, the digest of its code), from one parse of its file:
+    the variants of one process share most of their modules (31 classes reach 30 modules)."""
+    path = _origin(name)
+    source = path.read_bytes()
+    tree = ast.parse(source, filename=str(path))
+    return frozenset(_imports(tree, name, path)), _code_digest_of(source, tree)
+
+
+def _imports(tree: ast.Module, name: str, path: pathlib.Path) -> set[str]:
     """The names ``name``'s source imports as modules (the caller keeps the modules among them):
     each ``import a.b``; each ``from a.b import c``'s ``a.b`` and ``a.b.c`` (``c`` may be a
     submodule); and each string that spells a module's name, absolute or relative to the
     module's package (``kernel_module(".triton_kernels", __package__)``): Triton kernel modules
     are imported by name, on first use, because they import triton."""
-    origin = _origin(name)
-    package = name if origin.name == "__init__.py" else name.rpartition(".")[0]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(_tree(origin)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -112,11 +121,7 @@ def _origin(name: str) -> pathlib.Path:
     return origin
 
 
-def _tree(path: pathlib.Path) -> ast.Module:
-    return ast.parse(path.read_bytes(), filename=str(path))
-
-
-def _code_digest_of(path: pathlib.Path) -> bytes:
+def _code_digest_of(source: bytes, tree: ast.Module) -> bytes:
     """The module's text without docstrings, comments, trailing spaces and blank lines.
 
     Cut by position (the syntax tree's for docstrings, the tokenizer's for comments), not by
@@ -124,8 +129,8 @@ def _code_digest_of(path: pathlib.Path) -> bytes:
     them under its own, and the tree's fields differ between Python versions (3.12 added
     ``type_params``) while positions in the same text do not.
     """
-    lines = path.read_bytes().splitlines(keepends=True)
-    for node in ast.walk(_tree(path)):
+    lines = source.splitlines(keepends=True)
+    for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)

@@ -35,7 +35,10 @@ from typing import NamedTuple
 
 import torch
 
-from autofuse.core.precision import dtype_name, serving_order
+from autofuse.core import registry
+from autofuse.core.precision import dtype_name, parse_dtype, serving_order
+from autofuse.core.problem import Problem
+from autofuse.core.variant import check_params
 from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 
 # How much faster the reference (eager) ran at the looser precision than at the stricter one,
@@ -163,6 +166,49 @@ def bad_entry(entry: dict) -> str | None:
 
 def _batch_size(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def configuration(problem: Problem, candidate: Found, shape: dict, dkey: DispatchKey, device_type: str,
+                  lacking_ok: bool = False) -> tuple:
+    """(variant class, params) that ``candidate`` serves a call at ``shape`` with, or an exception
+    saying why it may not serve there: its variant is unknown or does not admit the call, or its
+    configuration passed the gate only where tuned and this batch is elsewhere. Builds nothing, so
+    a table's coverage can be checked without a GPU (``serving``); ``lacking_ok``: as on a machine
+    that has what the variant needs (nvcc, Triton), whatever this one lacks."""
+    entry = candidate.entry
+    variant_cls = registry.get_variant(problem.name, entry["variant"])
+    reason = variant_cls.admits(device_type, parse_dtype(dkey.dtype), candidate.runs_at, dkey.autograd)
+    if reason is not None and not (lacking_ok and reason == variant_cls.unavailable_reason(device_type)):
+        raise ValueError(reason)
+    params = entry.get("params", {})
+    # Elsewhere than where it was gated: a neighbour of its configuration that passes everywhere.
+    bracketed = candidate.exact_shape or gated_around(entry, shape[problem.batch_dim])
+    if not bracketed:
+        params = variant_cls.params_elsewhere(params)
+    check_params(variant_cls, params, shape, device_type)  # at the exact shape too: test_runtime
+    reason = None if bracketed else variant_cls.only_where_gated(params)
+    if reason is not None:
+        gated = entry.get("gated_batches")
+        raise ValueError(f"{reason}; it was gated at {candidate.shape}"
+                         + (f" and batches {gated}" if gated else "") + ", not around this batch")
+    return variant_cls, params
+
+
+def serving(shapes: dict, problem: Problem, shape: dict, dkey: DispatchKey, device_type: str,
+            lacking_ok: bool = False) -> tuple[Found | None, list[str]]:
+    """(the entry the runtime would serve a call at ``shape`` with, None for the reference; why each
+    entry that ranks before it, or any, may not), as ``Dispatcher.choose`` decides it, without
+    building anything: for checking a table's coverage (benchmarks/gpu/batch_class_gaps.py)."""
+    found, passed_over = candidates(shapes, shape, dkey, problem.batch_dim, device_type)
+    why = [reason for _, reason in passed_over]
+    for candidate in found:
+        try:
+            configuration(problem, candidate, shape, dkey, device_type, lacking_ok)
+        except Exception as exc:  # noqa: BLE001 - the runtime tries the next entry, and so does this
+            why.append(f"the entry {candidate.source} ({candidate.entry.get('variant')}): {exc}")
+            continue
+        return candidate, why
+    return None, why
 
 
 def _runs_looser(entry: dict, precision: str) -> str | None:

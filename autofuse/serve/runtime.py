@@ -31,12 +31,12 @@ import torch
 from torch import nn
 
 from autofuse.core import registry
-from autofuse.core.precision import check_dtype, check_precision, parse_dtype
-from autofuse.core.variant import EagerVariant, check_params
+from autofuse.core.precision import check_dtype, check_precision
+from autofuse.core.variant import EagerVariant
 from autofuse.errors import TableError
 from autofuse.serve import graphs
 from autofuse.serve import tune_on_miss as background
-from autofuse.serve.dispatch import CallKey, Found, candidates, gated_around, passed_over_before
+from autofuse.serve.dispatch import CallKey, Found, candidates, configuration, passed_over_before
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
 from autofuse.serve.table_watch import WATCH
@@ -313,21 +313,7 @@ class Dispatcher:
         """(the entry's variant built at the precision it runs at, None), or (None, why not: also said)."""
         entry = candidate.entry
         try:
-            variant_cls = registry.get_variant(self.problem.name, entry["variant"])
-            reason = variant_cls.admits(device.type, parse_dtype(dkey.dtype), candidate.runs_at, dkey.autograd)
-            if reason is not None:
-                raise ValueError(reason)
-            params = entry.get("params", {})
-            # Elsewhere than where it was gated: a neighbour of its configuration that passes everywhere.
-            bracketed = candidate.exact_shape or gated_around(entry, shape[self.problem.batch_dim])
-            if not bracketed:
-                params = variant_cls.params_elsewhere(params)
-            check_params(variant_cls, params, shape, device.type)  # at the exact shape too: test_runtime
-            reason = None if bracketed else variant_cls.only_where_gated(params)
-            if reason is not None:
-                gated = entry.get("gated_batches")
-                raise ValueError(f"{reason}; it was gated at {candidate.shape}"
-                                 + (f" and batches {gated}" if gated else "") + ", not around this batch")
+            variant_cls, params = configuration(self.problem, candidate, shape, dkey, device.type)
             variant = variant_cls(candidate.runs_at, **params)
             variant.build(str(device))
             return variant, None

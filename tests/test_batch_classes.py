@@ -11,7 +11,7 @@ from helpers import assert_close, module_for, record, use_test_plugins
 import autofuse
 from autofuse.core import plugins, registry
 from autofuse.kernels.triton import variant as triton_variant
-from autofuse.serve.table import DispatchTable
+from autofuse.serve.table import DispatchKey, DispatchTable
 from autofuse.tuning import batch_classes
 from autofuse.tuning.budget import BUDGETS
 
@@ -243,6 +243,62 @@ def test_a_quick_rung_times_all_then_gates_the_fastest_first():
     assert worker.asked == [("triton", "gate"), ("simplified", "gate"), ("eager", "gate")]
 
 
+class GateAt:
+    """A worker that gates any candidate, failing it at the batches given; it records (batch, params) asked."""
+
+    def __init__(self, fails_at=()):
+        self.fails_at, self.asked = set(fails_at), []
+
+    def call(self, op, payload, timeout):
+        from autofuse.tuning.outcome import Outcome, TrialResult
+
+        job, candidate, reach, gate = payload
+        assert op == "evaluate" and gate
+        batch = job.shape["batch_size"]
+        self.asked.append((batch, candidate.params["block_m"]))
+        return TrialResult(Outcome.INCORRECT, "wrong", 1.0) if batch in self.fails_at else TrialResult(Outcome.OK, None, 1e-7)
+
+
+def test_restricted_rungs_are_gated_at_the_midpoints_so_every_batch_between_has_an_entry():
+    """tf32 on the shipped table (H100) before this: scaled_fp16 rungs at 8 (gated [1, 8]) and 64
+    ([64]), different tiles, and 9-63 served by neither (``only_where_gated``). Each restricted
+    entry is gated where its neighbour's range would meet it, the geometric midpoint; an entry that
+    passes anywhere (eager) or already gated around the midpoint is not asked. A midpoint that fails
+    stays out of the entry's range."""
+    from autofuse.serve.dispatch import serving
+    from autofuse.serve.table import DispatchKey
+    from autofuse.tuning.outcome import Job
+
+    prob = registry.get_problem("matmul_gelu_softmax")
+    shape = {"batch_size": 1024, "in_features": 8192, "out_features": 8192}
+    triton = registry.variants(prob.name)["triton"]
+    tiles = triton.small_batch_seeds({**shape, "batch_size": 8}, "cuda", "tf32", {"operands": "scaled_fp16", "tma": True})
+    tiles += [c for c in triton.configs_for(shape, "cuda", "tf32") if c["operands"] == "scaled_fp16"]
+    restricted = lambda block_m: next(c for c in tiles if c["block_m"] == block_m)  # noqa: E731
+    family = {1: {"variant": "triton", "params": restricted(16), "gated_batches": [1, 8]},
+              8: {"variant": "triton", "params": restricted(16), "gated_batches": [1, 8]},
+              64: {"variant": "triton", "params": restricted(64), "gated_batches": [64]},
+              512: {"variant": "eager", "params": {}, "gated_batches": [512]},
+              1024: {"variant": "triton", "params": restricted(128), "gated_batches": [512, 1024]},
+              2048: {"variant": "triton", "params": restricted(128)}}
+    key = DispatchKey("float32", "tf32", "any", autograd=False)
+    job = Job("matmul_gelu_softmax", dict(shape), "cuda", "float32", "tf32", "any", 0)
+    worker = GateAt(fails_at={181})
+    widened = batch_classes.bridge(prob, shape, job, key, family, worker, 60.0)
+    # 1-8 and 512-1024 are covered already; 1024-2048 meet at 1448, 8-64 at 23, 64-512 at 181 (fails).
+    assert worker.asked == [(23, 16), (23, 64), (181, 64), (1448, 128), (1448, 128)]
+    assert widened == {8, 64, 1024, 2048}
+    assert [family[b]["gated_batches"] for b in (8, 64, 512, 1024, 2048)] == [
+        [1, 8, 23], [23, 64], [512], [512, 1024, 1448], [1448, 2048]]
+
+    shapes = {f"batch_size={b},in_features=8192,out_features=8192": {key.to_str(): e} for b, e in family.items()}
+    for batch in (9, 22, 23, 24, 63):
+        served, _ = serving(shapes, prob, {**shape, "batch_size": batch}, key, "cuda", lacking_ok=True)
+        assert served.entry["params"]["block_m"] == (16 if batch < 23 else 64), (batch, served.source)
+    served, _ = serving(shapes, prob, {**shape, "batch_size": 100}, key, "cuda", lacking_ok=True)
+    assert served.entry["variant"] == "eager"  # past 64's gated range: eager's rung at 512 serves
+
+
 def test_a_rerun_with_nothing_new_measures_no_rung_again(tmp_path, monkeypatch):
     from autofuse.tuning import worker as worker_module
 
@@ -379,25 +435,49 @@ def _gaps_script():
 def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_that_add_them(tmp_path, capsys):
     """benchmarks/gpu/batch_class_gaps.py: a forward key tuned alone is listed with the tune that adds
     its batch classes without a search (same shape, dtype, precision and mode, the variants it
-    raced; its autograd entry's too where the table holds one); one with rungs is not, nor is an
-    autograd entry (its classes come with its forward key's)."""
+    raced; its autograd entry's too where the table holds one); one with rungs that serve every
+    batch is not, nor is an autograd entry (its classes come with its forward key's). A key with
+    rungs that leave batches unserved is listed after them: tf32 operands gated at 8 and at 64 only,
+    different tiles, before ``bridge`` gated them between."""
     script = _gaps_script()
     tuned, rung = "batch_size=1024,in_features=64,out_features=32", "batch_size=1,in_features=64,out_features=32"
     alone = "dtype=float32,precision=tf32,mode=train,autograd=false"
     laddered = "dtype=float32,precision=fp32,mode=train,autograd=false"
+    holed = "dtype=float32,precision=tf32,mode=eval,autograd=false"
+    triton = registry.variants("gemm_bn")["triton"]
+    small = {"batch_size": 8, "in_features": 64, "out_features": 32}
+    tiles = triton.small_batch_seeds(small, "cuda", "tf32", {"operands": "scaled_fp16", "tma": True})[:1] + [
+        c for c in triton.configs_for({**small, "batch_size": 1024}, "cuda", "tf32") if c["operands"] == "scaled_fp16"]
 
-    def entry(variant, **extra):
-        return {"variant": variant, "params": {}, "candidates": {"eager": {}, variant: {}}, **extra}
+    def entry(variant, params=None, **extra):
+        return {"variant": variant, "params": params or {}, "candidates": {"eager": {}, variant: {}}, **extra}
+
+    def at(batch):
+        return f"batch_size={batch},in_features=64,out_features=32"
 
     doc = {"schema": 1, "version": 1, "devices": {"cuda|X": {"fingerprint": {}, "problems": {"gemm_bn": {
-        tuned: {alone: entry("triton"), laddered: entry("triton"), alone.replace("false", "true"): entry("eager")},
-        rung: {laddered: entry("triton", rung_of=tuned)}}}}}}
+        tuned: {alone: entry("triton"), laddered: entry("eager"), alone.replace("false", "true"): entry("eager"),
+                holed: entry("triton", tiles[-1], gated_batches=[512, 1024, 2048])},
+        rung: {laddered: entry("eager", rung_of=tuned), holed: entry("triton", tiles[0], rung_of=tuned, gated_batches=[1, 8])},
+        at(8): {holed: entry("triton", tiles[0], rung_of=tuned, gated_batches=[1, 8])},
+        at(64): {holed: entry("triton", tiles[1], rung_of=tuned, gated_batches=[64, 512])},
+        at(512): {holed: entry("triton", tiles[-1], rung_of=tuned, gated_batches=[512, 1024, 2048])},
+        at(2048): {holed: entry("triton", tiles[-1], rung_of=tuned, gated_batches=[512, 1024, 2048])}}}}}}
     table = tmp_path / "table.json"
     table.write_text(json.dumps(doc))
     assert script.main(["--table", str(table), "--budget", "quick"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"1 tuned forward keys without batch classes in {table}")
-    assert f"gemm_bn at batch 1024, {alone}:" in out and "precision=fp32" not in out
+    assert out.startswith(f"2 tuned forward keys without batch classes or with unserved batches in {table}")
+    assert out.index(f"gemm_bn at batch 1024, {alone}:") < out.index(f"gemm_bn at batch 1024, {holed}:")
+    assert "precision=fp32" not in out
+    assert script.unserved(doc["devices"]["cuda|X"]["problems"]["gemm_bn"], "gemm_bn", tuned,
+                           DispatchKey.from_str(holed)) == list(range(9, 64))
+    for b in (8, 64):  # the midpoint, 23, gated on both sides
+        doc["devices"]["cuda|X"]["problems"]["gemm_bn"][at(b)][holed]["gated_batches"] += [23]
+    table.write_text(json.dumps(doc))
+    assert script.main(["--table", str(table), "--budget", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 tuned forward keys") and holed not in out
     assert (f"autofuse tune gemm_bn --shape {tuned} --dtype float32 --precision tf32 --mode train "
             f"--variants eager,triton --batch-classes-only --table {table} --no-progress --budget quick") in out
     del doc["devices"]["cuda|X"]["problems"]["gemm_bn"][tuned][alone.replace("false", "true")]
@@ -430,6 +510,6 @@ def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_fa
     assert sorted(entries_by_batch(table, key=done_key)) == [1, 8, 16, 32]
     monkeypatch.setattr(autofuse, "tune", real_tune)
     assert script.main(["--table", str(table), "--run"]) == 0  # the failed key, again
-    assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes")
+    assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes or with unserved")
     assert script.main(["--table", str(table)]) == 0
-    assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes")
+    assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes or with unserved")

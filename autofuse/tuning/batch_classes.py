@@ -28,8 +28,8 @@ from autofuse.core.precision import serving_order
 from autofuse.core.problem import Problem
 from autofuse.core.variant import check_params
 from autofuse.errors import InputError, TableError
-from autofuse.serve.dispatch import bad_entry
-from autofuse.serve.table import fingerprint_key, shape_key
+from autofuse.serve.dispatch import bad_entry, gated_around
+from autofuse.serve.table import fingerprint_key, parse_shape_key, shape_key
 from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
@@ -220,19 +220,18 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
           label: str) -> list[tuple]:
     """Race each batch class's candidates for the forward and the autograd entry (``entries``, the
     tune's at B); return the table items to record: the rungs' choices, and the entries at B with the
-    batches where their configuration passed the gate (``gated_batches``)."""
+    batches where their configuration passed the gate (``gated_batches``), widened by ``bridge``."""
     work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched)
     total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
-    if total == 0:
-        return []
     items = []
     # Every rung's new specializations (batches of 1 and not a multiple of 16, the small tiles)
     # compile in parallel first; the autograd rungs' backward kernels compile in the worker.
-    prewarm.warm(prob.name, job.device, job.dtype, job.mode, job.precision,
-                 [(c.variant, c.params, shape) for entry, dkey, ladder, rungs in work if not dkey.autograd
-                  for at, candidates in rungs for c in candidates if c.precision is None
-                  for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)], job.log)
-    with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress) as bar:
+    if total:
+        prewarm.warm(prob.name, job.device, job.dtype, job.mode, job.precision,
+                     [(c.variant, c.params, shape) for entry, dkey, ladder, rungs in work if not dkey.autograd
+                      for at, candidates in rungs for c in candidates if c.precision is None
+                      for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)], job.log)
+    with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress and total > 0) as bar:
         for entry, dkey, ladder, rungs in work:
             done = []
             for at, candidates in rungs:
@@ -241,13 +240,63 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
 
                 done.append(run_rung(dataclasses.replace(job, shape=at), candidates, worker, plan.trial_timeout,
                                      get_budget(plan.budget), said))
-            items += _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
+            raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
             if searched.kept:  # the rungs left as they were keep what they found
                 passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
             entry["gated_batches"] = passed
-            items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
+            family = {**_kept_rungs(table, fingerprint, prob, shape, dkey, job.mode),
+                      **{parse_shape_key(item[2])[prob.batch_dim]: item[4] for item in raced},
+                      shape[prob.batch_dim]: entry}
+            widened = bridge(prob, shape, job, dkey, family, worker, plan.trial_timeout)
+            items += raced + [(fingerprint, prob.name, shape_key(rung_shape(prob, shape, b)), dkey.to_str(), family[b])
+                              for b in sorted(widened) if b != shape[prob.batch_dim]
+                              and not any(item[4] is family[b] for item in raced)]
+            if widened or total:
+                items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
     return items
+
+
+def bridge(prob, shape, job, dkey, family: dict[int, dict], worker, trial_timeout: float) -> set[int]:
+    """Gate each entry of ``family`` (batch → entry, one key's) whose configuration may serve only
+    where it was gated (``only_where_gated``) at the geometric midpoint towards each neighbouring
+    entry, where it is not gated around that batch already, and add the midpoints where it passed to
+    its ``gated_batches``; return the batches whose entries changed.
+
+    Without this, a batch between two rungs whose winners differ and are restricted has no entry
+    that may serve it: tf32's scaled_fp16 rungs at 8 ([1, 8]) and 64 ([64]) left 9-63 and 65-511
+    to the reference (22, 99 and gemm_bn 16384 train, H100). With both neighbours gated at the
+    midpoint, the nearest entry (``dispatch``: nearest in ratio) is gated around every batch between.
+    """
+    variants, order, widened = registry.variants(prob.name), sorted(family), set()
+    for lo, hi in zip(order, order[1:]):
+        mid = round(math.sqrt(lo * hi))
+        if not lo < mid < hi:
+            continue
+        for batch in (lo, hi):
+            entry = family[batch]
+            if gated_around(entry, mid) or variants[entry["variant"]].only_where_gated(entry["params"]) is None:
+                continue
+            candidate = Candidate(entry["variant"], dict(entry["params"]), dkey.autograd, entry.get("runs_at"))
+            result = worker.call("evaluate", (dataclasses.replace(job, shape=rung_shape(prob, shape, mid)),
+                                              candidate, None, True), trial_timeout)
+            if result.outcome is Outcome.OK:
+                entry["gated_batches"] = sorted(set(entry.get("gated_batches") or [batch]) | {mid})
+                widened.add(batch)
+    return widened
+
+
+def _kept_rungs(table, fingerprint, prob, shape, dkey, mode) -> dict[int, dict]:
+    """batch → the table's entry there that is one of this family's rungs (``rung_of`` its tuned shape)."""
+    kept = {}
+    for batch in rung_batches(prob, shape, mode):
+        try:
+            held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(rung_shape(prob, shape, batch)), dkey)
+        except TableError:
+            continue
+        if held is not None and not bad_entry(held) and held.get("rung_of") == shape_key(shape):
+            kept[batch] = held
+    return kept
 
 
 def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, searched: Searched) -> list[tuple]:

@@ -1,4 +1,4 @@
-"""The tuned shape families of a dispatch table that hold no batch classes, and the tunes that add them.
+"""The tuned shape families of a dispatch table that hold no batch classes or leave batches unserved, and the tunes that mend them.
 
     python3 benchmarks/gpu/batch_class_gaps.py [--table benchmarks/table.json] [--run] [--budget quick]
 
@@ -9,9 +9,13 @@ passed the gate in its class. A family tuned before batch classes existed, or wi
 fallback, ungated there, or the reference (``autofuse.serve.dispatch``). This prints, per such
 forward key, the ``autofuse tune --batch-classes-only`` command that adds its batch classes (and
 its autograd entry's, where the table holds one) without searching the key again: the same shape,
-dtype, precision and mode, among the variants its entry's tune raced. ``--run`` runs them one
-after another into ``--table``, in this process, on the GPU the table was tuned on, and says of
-each how long it took or why it failed (exit status 1 if any did).
+dtype, precision and mode, among the variants its entry's tune raced. A family with batch classes
+is listed too where a batch from 1 (2) to 2B would not be served by an entry of its tune at its
+precision (``autofuse.serve.dispatch.serving``, as on the table's GPU): batches between two rungs
+whose configurations passed the gate only where gated, before ``batch_classes.bridge``; the same
+command adds the missing gates. ``--run`` runs them one after another into ``--table``, in this
+process, on the GPU the table was tuned on, and says of each how long it took or why it failed
+(exit status 1 if any did).
 """
 
 from __future__ import annotations
@@ -23,25 +27,59 @@ import sys
 
 from autofuse.core import registry
 from autofuse.errors import AutofuseError
+from autofuse.serve.dispatch import serving
 from autofuse.serve.table import DispatchKey, parse_shape_key
 
 
 def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
     """(problem, shape key, dispatch key, variants raced, whether an autograd entry is beside it)
-    of each tuned forward entry without rungs."""
-    found = []
+    of each tuned forward entry without rungs, then of each with rungs that leaves a batch unserved
+    (``unserved``)."""
+    found, holed = [], []
     for device in doc["devices"].values():
         for problem, shapes in device["problems"].items():
             rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
             for shape, keys in sorted(shapes.items()):
                 for dkey, entry in sorted(keys.items()):
                     key = DispatchKey.from_str(dkey)
-                    if "rung_of" in entry or key.autograd or (shape, dkey) in rungs:
+                    if "rung_of" in entry or key.autograd:
                         continue
-                    grad = keys.get(DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str())
+                    grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True)
+                    grad = keys.get(grad_key.to_str())
                     raced = {name for e in (entry, grad) if e for name in (e["variant"], *(e.get("candidates") or {}))}
-                    found.append((problem, shape, dkey, sorted(raced), grad is not None))
-    return found
+                    listed = (problem, shape, dkey, sorted(raced), grad is not None)
+                    if (shape, dkey) not in rungs:
+                        found.append(listed)
+                    elif any(unserved(shapes, problem, shape, k) for k in (key, grad_key if grad else None) if k):
+                        holed.append(listed)
+    return found + holed
+
+
+def unserved(shapes: dict, problem: str, shape: str, key: DispatchKey) -> list[int]:
+    """The batches of ``checked_batches`` that no entry of this tune (at the tuned shape, or
+    ``rung_of`` it) would serve at ``key``'s own precision."""
+    prob, tuned = registry.get_problem(problem), parse_shape_key(shape)
+    if prob.batch_dim is None:
+        return []
+    smallest = prob.min_train_batch if key.mode == "train" else 1
+    missing = []
+    for batch in checked_batches(smallest, tuned[prob.batch_dim]):
+        served, _ = serving(shapes, prob, {**tuned, prob.batch_dim: batch}, key, "cuda", lacking_ok=True)
+        if served is None or served.precision != key.precision or shape not in (served.shape,
+                                                                                  served.entry.get("rung_of")):
+            missing.append(batch)
+    return missing
+
+
+def checked_batches(smallest: int, tuned: int) -> list[int]:
+    """Every batch from ``smallest`` to 64, then one every 3% up to twice ``tuned``, and ``tuned`` ± 1:
+    a serving decision takes ~15 ms on a CPU (the triton kind's configuration check), too long for
+    each of gemm_bn's 32768, and a hole between two rungs spans far more than 3%."""
+    batches, batch = set(range(smallest, 65)), 64.0
+    while batch < 2 * tuned:
+        batches.add(round(batch))
+        batch *= 1.03
+    return sorted(b for b in batches | {tuned - 1, tuned + 1, 2 * tuned} if smallest <= b <= 2 * tuned)
 
 
 def command(problem: str, shape: str, dkey: str, variants: list[str], grad: bool, table: str,
@@ -74,7 +112,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.table) as f:
         found = gaps(json.load(f))
-    print(f"{len(found)} tuned forward keys without batch classes in {args.table}")
+    print(f"{len(found)} tuned forward keys without batch classes or with unserved batches in {args.table}")
     failed = 0
     for problem, shape, dkey, variants, grad in found:
         batch = parse_shape_key(shape)[registry.get_problem(problem).batch_dim]

@@ -33,8 +33,8 @@ from autofuse.serve.table import DispatchKey, parse_shape_key
 
 def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
     """(problem, shape key, dispatch key, variants raced, whether an autograd entry is beside it)
-    of each tuned forward entry without rungs, then of each with rungs that leaves a batch unserved
-    (``unserved``)."""
+    of each tuned forward entry without rungs, or whose autograd entry has none, then of each
+    with rungs that leaves a batch unserved (``unserved``)."""
     found, holed = [], []
     for device in doc["devices"].values():
         for problem, shapes in device["problems"].items():
@@ -48,7 +48,7 @@ def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
                     grad = keys.get(grad_key.to_str())
                     raced = {name for e in (entry, grad) if e for name in (e["variant"], *(e.get("candidates") or {}))}
                     listed = (problem, shape, dkey, sorted(raced), grad is not None)
-                    if (shape, dkey) not in rungs:
+                    if (shape, dkey) not in rungs or (grad and (shape, grad_key.to_str()) not in rungs):
                         found.append(listed)
                     elif any(unserved(shapes, problem, shape, k) for k in (key, grad_key if grad else None) if k):
                         holed.append(listed)

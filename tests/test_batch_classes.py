@@ -377,7 +377,7 @@ def test_the_small_batch_tiles_pass_the_gate_on_the_gpu(problem, mode, precision
     from autofuse.tuning.gate import check_cases, check_variant
 
     prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
-    smallest = prob.min_train_batch if mode == "train" else 1
+    smallest = batch_classes.smallest_batch(prob, mode)
     for batch in (smallest, 7, 37, 100):
         shape = dict(zip(prob.dims, (batch, 1000, 777)))
         for params in cls.small_batch_seeds(shape, "cuda", precision, triton_variant.DEFAULTS[precision])[:3]:

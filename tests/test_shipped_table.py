@@ -16,6 +16,7 @@ from autofuse.core import registry
 from autofuse.report.entries import variant_staleness
 from autofuse.serve.dispatch import serving
 from autofuse.serve.table import DispatchKey, DispatchTable, parse_shape_key
+from autofuse.tuning.batch_classes import smallest_batch
 
 SHIPPED = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "table.json"
 ENTRIES = list(DispatchTable(SHIPPED).entries())
@@ -59,8 +60,7 @@ def test_every_batch_of_a_tuned_family_is_served_by_a_gated_entry_at_its_precisi
         "tuned without batch classes: another batch is served by an entry gated only at B "
         "(benchmarks/gpu/batch_class_gaps.py --run adds them)")
     b = tuned[prob.batch_dim]
-    smallest = prob.min_train_batch if dkey.mode == "train" else 1
-    for batch in sorted({smallest, 8, 37, 100, 512, b - 1, b + 1, 2 * b}):
+    for batch in sorted({smallest_batch(prob, dkey.mode), 8, 37, 100, 512, b - 1, b + 1, 2 * b}):
         served, why = serving(shapes, prob, {**tuned, prob.batch_dim: batch}, dkey, "cuda", lacking_ok=True)
         assert served is not None, f"batch {batch}: the reference would serve ({why})"
         assert served.precision == dkey.precision, (batch, served.source)

@@ -51,13 +51,17 @@ def rung_batches(problem: Problem, shape: dict, mode: str) -> list[int]:
     BatchNorm), each power of ``RUNG_RATIO`` between it and B, and 2B; never B itself."""
     if problem.batch_dim is None:
         return []
-    tuned = shape[problem.batch_dim]
-    smallest = problem.min_train_batch if mode == "train" else 1
+    tuned, smallest = shape[problem.batch_dim], smallest_batch(problem, mode)
     rungs, power = {smallest, 2 * tuned}, RUNG_RATIO
     while power < tuned:
         rungs.add(power)
         power *= RUNG_RATIO
     return sorted(b for b in rungs if b != tuned)
+
+
+def smallest_batch(problem: Problem, mode: str) -> int:
+    """The smallest batch a call in ``mode`` may have: 2 for a training BatchNorm, else 1."""
+    return problem.min_train_batch if mode == "train" else 1
 
 
 def rung_shape(problem: Problem, shape: dict, batch: int) -> dict:
@@ -245,13 +249,13 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
             if searched.kept:  # the rungs left as they were keep what they found
                 passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
             entry["gated_batches"] = passed
-            family = {**_kept_rungs(table, fingerprint, prob, shape, dkey, job.mode),
-                      **{parse_shape_key(item[2])[prob.batch_dim]: item[4] for item in raced},
-                      shape[prob.batch_dim]: entry}
-            widened = bridge(prob, shape, job, dkey, family, worker, plan.trial_timeout)
-            items += raced + [(fingerprint, prob.name, shape_key(rung_shape(prob, shape, b)), dkey.to_str(), family[b])
-                              for b in sorted(widened) if b != shape[prob.batch_dim]
-                              and not any(item[4] is family[b] for item in raced)]
+            kept = _kept_rungs(table, fingerprint, prob, shape, dkey, job.mode)
+            raced_at = {parse_shape_key(item[2])[prob.batch_dim]: item[4] for item in raced}
+            widened = bridge(prob, shape, job, dkey, {**kept, **raced_at, shape[prob.batch_dim]: entry}, worker,
+                             plan.trial_timeout)
+            # A raced rung is recorded with its widened range anyway; a kept one only where it widened.
+            items += raced + [(fingerprint, prob.name, shape_key(rung_shape(prob, shape, b)), dkey.to_str(), kept[b])
+                              for b in sorted(widened & kept.keys() - raced_at.keys())]
             if widened or total:
                 items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
     return items

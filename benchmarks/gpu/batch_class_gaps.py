@@ -29,6 +29,7 @@ from autofuse.core import registry
 from autofuse.errors import AutofuseError
 from autofuse.serve.dispatch import serving
 from autofuse.serve.table import DispatchKey, parse_shape_key
+from autofuse.tuning.batch_classes import smallest_batch
 
 
 def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
@@ -61,9 +62,8 @@ def unserved(shapes: dict, problem: str, shape: str, key: DispatchKey) -> list[i
     prob, tuned = registry.get_problem(problem), parse_shape_key(shape)
     if prob.batch_dim is None:
         return []
-    smallest = prob.min_train_batch if key.mode == "train" else 1
     missing = []
-    for batch in checked_batches(smallest, tuned[prob.batch_dim]):
+    for batch in checked_batches(smallest_batch(prob, key.mode), tuned[prob.batch_dim]):
         served, _ = serving(shapes, prob, {**tuned, prob.batch_dim: batch}, key, "cuda", lacking_ok=True)
         if served is None or served.precision != key.precision or shape not in (served.shape,
                                                                                   served.entry.get("rung_of")):

@@ -1,9 +1,9 @@
 """Where a variant's time goes on the GPU: each kernel's device time per call, and the floor's.
 
     python3 benchmarks/gpu/profile_variant.py matmul_clamp_lse_mish cublas_epilogue --precision bf16 [--params block=128]
-        [--dtype bfloat16]
+        [--dtype bfloat16] [--batch 1]
 
-Runs the variant at the problem's default shape (KernelBench's inputs) under torch.profiler,
+Runs the variant at the problem's default shape (KernelBench's inputs; ``--batch``: at another batch) under torch.profiler,
 the L2 flushed before each call as in `autofuse.tuning.timing`, and prints the kernels' average
 device time per call next to cuBLAS alone at that precision (the bench's floor) and the input
 cast. For the question "the parts add to less than the whole: where is the rest?". With
@@ -33,10 +33,17 @@ def kernel_times(fn, device, calls=30) -> list[tuple[str, float]]:
     return sorted([r for r in rows if r[1] > 0], key=lambda r: -r[1])
 
 
-def without_flush(kernels: list[tuple[str, float]]) -> float:
-    """The kernels' total per call, less the L2 flush (the fill kernel ``timing`` runs before each)."""
-    flush = next((t for k, t in kernels if "zero" in k or "fill" in k.lower()), 0.0)
-    return sum(t for _, t in kernels) - flush
+def without_flush(kernels: list[tuple[str, float]], flush: dict[str, float]) -> float:
+    """The kernels' total per call, less the L2 flush's (``flush``: its kernels' times a call, from
+    ``kernel_times`` of the flush alone; a variant's own use of the same kernel stays counted)."""
+    return sum(t for _, t in kernels) - sum(flush.values())
+
+
+def _value(text: str):
+    """A --params value as the table writes it: an int, true or false, else the string."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def main():
@@ -46,15 +53,19 @@ def main():
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--mode", default="train")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--params", default="", help="k=v,... (default: the variant's default configuration)")
+    ap.add_argument("--params", default="",
+                    help="k=v,... (ints, true/false, strings; default: the variant's default configuration)")
+    ap.add_argument("--batch", type=int, help="the batch (default: the default shape's)")
     args = ap.parse_args()
     prob = registry.get_problem(args.problem)
     shape = dict(prob.default_shapes[0])
+    if args.batch:
+        shape[prob.batch_dim] = args.batch
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
     model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, dtype, args.mode)
     cls = registry.get_variant(args.problem, args.variant)
-    params = (dict((k, int(v)) for k, v in (p.split("=") for p in args.params.split(",") if p))
+    params = (dict((k, _value(v)) for k, v in (p.split("=") for p in args.params.split(",") if p))
               or cls.configs_for(shape, "cuda", args.precision)[0])
     variant = cls(args.precision, **params)
     variant.build("cuda")
@@ -73,9 +84,10 @@ def main():
         elif weight is not None:
             torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
             parts[f"floor: GEMM alone ({args.precision})"] = lambda: x @ weight.t()
+        flush = dict(kernel_times(lambda: None, device))
         for name, fn in parts.items():
             kernels = kernel_times(fn, device)
-            print(f"== {name}: {without_flush(kernels):.4f} ms of kernels a call (L2 flush excluded)")
+            print(f"== {name}: {without_flush(kernels, flush):.4f} ms of kernels a call (L2 flush excluded)")
             for key, t in kernels:
                 print(f"  {t:8.4f} ms  {key[:110]}")
         timed = timing.time_interleaved(parts, device, rounds=10)

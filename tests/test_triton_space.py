@@ -87,3 +87,14 @@ def test_small_batches_add_narrow_tiles_with_deep_k_slices_and_large_batches_do_
         assert at[0]["block_m"] == rows, (batch, at[0])
     assert all(s["block_k"] == max(b for b in tv.SMALL_BLOCK_KS if tv.stage_bytes({**s, "block_k": b}) <= tv.STAGE_BYTES)
                for s in seeds)
+
+
+def test_the_space_is_made_once_and_each_caller_gets_its_own_copy():
+    first = tv.gemm_configs(8192, batch=1)
+    expected = [dict(c) for c in first]
+    first[0]["block_m"] = -1  # a caller that changes what it got
+    first.append({"block_m": 0})
+    again = tv.gemm_configs(8192, batch=1)
+    assert again == expected and again[0] is not first[0]
+    assert tv.gemm_configs(8192, batch=2) == expected  # one cached space for every small batch
+    assert tv.gemm_configs(8192, batch=tv.SMALL_BATCH + 1) != expected

@@ -29,6 +29,7 @@ beside the tile's staging buffer (tests/test_triton_compiles_for_hopper.py keeps
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, ClassVar
 
@@ -132,18 +133,27 @@ SMALL_BLOCK_KS = (64, 128, 256)
 
 def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> list[dict[str, Any]]:
     """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision; at a
-    ``batch`` up to ``SMALL_BATCH`` the small-batch tiles too."""
-    tma_ok = n_in % 8 == 0  # 16-byte row strides for float32 x and a bfloat16 W
-    space = INTERPRETER_SPACE if device == "cpu" else {
+    ``batch`` up to ``SMALL_BATCH`` the small-batch tiles too. Fresh dicts in a fresh list: a
+    caller may keep or change them."""
+    small = batch is not None and batch <= SMALL_BATCH
+    return [dict(c) for c in _gemm_space(n_in % 8 == 0, device == "cpu", small)]
+
+
+@functools.cache
+def _gemm_space(tma_ok: bool, interpreter: bool, small: bool) -> tuple[dict[str, Any], ...]:
+    """``gemm_configs``, made once per (16-byte rows, the interpreter's space, small tiles). Walking
+    the product took 10-80 ms a call on the CPU (~5,000 configurations at a small batch), paid by
+    the runtime at each key's first call (``check_params``) and by the gaps scan at every batch."""
+    space = INTERPRETER_SPACE if interpreter else {
         "tiles": TILES, "small_tiles": SMALL_TILES, "block_ks": BLOCK_KS, "small_block_ks": SMALL_BLOCK_KS,
         "stages": STAGES, "warps": WARPS, "groups": GROUPS}
-    tiles = space["tiles"] + (space["small_tiles"] if batch is not None and batch <= SMALL_BATCH else ())
+    tiles = space["tiles"] + (space["small_tiles"] if small else ())
     tiled = [(tile, bk) for tile in tiles
              for bk in (space["small_block_ks"] if tile in space["small_tiles"] else space["block_ks"])]
     configs = []
     for ((bm, bn), bk), stages, warps, group, persistent, tma, operands in itertools.product(
             tiled, space["stages"], space["warps"], space["groups"], (True, False), (True, False), OPERANDS):
-        if tma and not tma_ok:
+        if tma and not tma_ok:  # 16-byte row strides for float32 x and a bfloat16 W
             continue
         if (bm, bn) in space["small_tiles"] and warps != min(space["warps"]):
             continue  # 8 warps over a 16-row tile leave each warp a sliver of the tile
@@ -157,7 +167,7 @@ def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> l
         if accumulators * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
             continue
         configs.append(config)
-    return configs
+    return tuple(configs)
 
 
 def stage_bytes(config: dict[str, Any]) -> int:

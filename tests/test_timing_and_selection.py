@@ -90,3 +90,22 @@ def test_a_large_win_with_a_host_stalled_tail_is_taken():
     # Its lower half must clear the incumbent's fast calls: a wide lower spread does not.
     wide = _row("single_pass", 5, Timing(0.4200, 0.3600, 0.4600, 50))
     assert pick_simplest_within_noise([simplified, wide]).variant == "simplified"
+
+
+def test_the_l2_flush_reads_its_buffer_and_writes_nothing_the_next_call_would_write_back(monkeypatch):
+    # A flush that wrote its buffer left the L2 dirty, and the timed call paid the write-back
+    # (~9 µs on an H100: benchmarks/gpu/flush_cost.py). Run on the CPU with a 1 MB "L2".
+    class Properties:
+        L2_cache_size = 1 << 20
+
+    monkeypatch.setattr(timing.torch.cuda, "get_device_properties", lambda index: Properties())
+    monkeypatch.setattr(timing, "_flush_buffers", {})
+    device = timing.torch.device("cpu", 0)
+    timing._flush_l2(device)
+    buffer, total = timing._flush_buffers[0]
+    assert buffer.numel() * buffer.element_size() == 2 * Properties.L2_cache_size  # twice the cache, read whole
+    version = buffer._version
+    timing._flush_l2(device)
+    timing._flush_l2(device)
+    assert buffer._version == version and not buffer.any()  # read, never written again
+    assert timing._flush_buffers[0][0] is buffer  # made once per device

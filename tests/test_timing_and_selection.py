@@ -94,7 +94,7 @@ def test_a_large_win_with_a_host_stalled_tail_is_taken():
 
 def test_the_l2_flush_reads_its_buffer_and_writes_nothing_the_next_call_would_write_back(monkeypatch):
     # A flush that wrote its buffer left the L2 dirty, and the timed call paid the write-back
-    # (~9 µs on an H100: benchmarks/gpu/flush_cost.py). Run on the CPU with a 1 MB "L2".
+    # (~10 µs on an H100: benchmarks/gpu/flush_cost.py). Run on the CPU with a 1 MB "L2".
     class Properties:
         L2_cache_size = 1 << 20
 

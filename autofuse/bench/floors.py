@@ -26,8 +26,8 @@ WEIGHT_READ = "weight read"
 COPY = "copy"
 # The copy that measures the bandwidth moves at least this much, so it streams from memory
 # (an H100's L2 is 50 MB) even where W is small, and so the writes it leaves in the L2 when its
-# clock stops are a small share of it: a copy of 256 MB read 2.85 TB/s after a flush that left
-# the L2 dirty and 3.08 after one that left it clean, 1 GiB 2.97 and 3.01 (H100,
+# clock stops are a small share of it: a copy of 256 MB ran at 2.86 TB/s after a flush that left
+# the L2 dirty and 3.06 after one that left it clean, 1 GiB at 2.97 and 3.01 (H100,
 # benchmarks/gpu/flush_cost.py).
 MIN_COPY_BYTES = 1 << 30
 

@@ -51,11 +51,11 @@ def _flush_l2(device: torch.device) -> None:
     its size (a sum into a scalar).
 
     A read, not a write. Zeroing the buffer, as this flush once did, left the L2 full of dirty
-    lines, whose write-back the next call paid as it evicted them: ~9 µs a call on an H100, a
-    fifth of a small-batch GEMM. cuBLAS at 1×8192×8192 took 59.3 µs (bf16) and 125.4 (fp32)
-    after a zeroing flush, 50.4 and 114.9 after this one, 49.9 and 114.3 with none (W, 134 and
+    lines, whose write-back the next call paid as it evicted them: ~10 µs a call on an H100, a
+    fifth of a small-batch GEMM. cuBLAS at 1×8192×8192 took 59.4 µs (bf16) and 123.6 (fp32)
+    after a zeroing flush, 49.7 and 113.6 after this one, 49.9 and 113.0 with none (W, 134 and
     268 MB, outgrows the 50 MB L2, so it comes from memory all the same). That it evicts: at
-    4096×4096 (W fits in the L2) the bf16 GEMM took 13.1 µs with no flush and 18.8 after this
+    4096×4096 (W fits in the L2) the bf16 GEMM took 13.1 µs with no flush and 18.9 after this
     one (benchmarks/gpu/flush_cost.py)."""
     index = _device_index(device)
     buffers = _flush_buffers.get(index)

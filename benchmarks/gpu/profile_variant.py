@@ -3,8 +3,9 @@
     python3 benchmarks/gpu/profile_variant.py matmul_clamp_lse_mish cublas_epilogue --precision bf16 [--params block=128]
         [--dtype bfloat16] [--batch 1]
 
-Runs the variant at the problem's default shape (KernelBench's inputs; ``--batch``: at another batch) under torch.profiler,
-the L2 flushed before each call as in `autofuse.tuning.timing`, and prints the kernels' average
+Runs the variant at the problem's default shape (KernelBench's inputs; ``--batch``: at another
+batch) under torch.profiler, the L2 flushed before each call as in `autofuse.tuning.timing`
+(whose kernels, profiled alone, are subtracted), and prints the kernels' average
 device time per call next to cuBLAS alone at that precision (the bench's floor) and the input
 cast. For the question "the parts add to less than the whole: where is the rest?". With
 ``--dtype bfloat16``, a bfloat16 model: beside the floor, linear with its bias (the reference's own

@@ -294,13 +294,18 @@ def _kept_rungs(table, fingerprint, prob, shape, dkey, mode) -> dict[int, dict]:
     """batch → the table's entry there that is one of this family's rungs (``rung_of`` its tuned shape)."""
     kept = {}
     for batch in rung_batches(prob, shape, mode):
-        try:
-            held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(rung_shape(prob, shape, batch)), dkey)
-        except TableError:
-            continue
+        held = _held(table, fingerprint, prob, rung_shape(prob, shape, batch), dkey)
         if held is not None and not bad_entry(held) and held.get("rung_of") == shape_key(shape):
             kept[batch] = held
     return kept
+
+
+def _held(table, fingerprint, prob, shape: dict, dkey) -> dict | None:
+    """The table's entry at ``shape`` and ``dkey``; None where it holds none or cannot be read."""
+    try:
+        return table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape), dkey)
+    except TableError:
+        return None
 
 
 def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, searched: Searched) -> list[tuple]:
@@ -345,11 +350,7 @@ def _stricter_params(table, fingerprint, prob, shape, dkey, entry) -> dict | Non
     stricter = serving_order(dkey.precision)[1:2]
     if not stricter:
         return None
-    try:
-        held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(shape),
-                            dataclasses.replace(dkey, precision=stricter[0]))
-    except TableError:
-        return None
+    held = _held(table, fingerprint, prob, shape, dataclasses.replace(dkey, precision=stricter[0]))
     if held is None or bad_entry(held) or held["variant"] != entry["variant"]:
         return None
     return dict(held.get("params") or {})
@@ -358,10 +359,7 @@ def _stricter_params(table, fingerprint, prob, shape, dkey, entry) -> dict | Non
 def _rung_done(table, fingerprint, prob, at: dict, dkey, shape, searched: Searched) -> bool:
     """Whether the rung need not run: its batch holds an entry tuned there directly (a search
     beats a rung's race), or, where nothing new was measured, this study's rung entry."""
-    try:
-        held = table.lookup(fingerprint_key(fingerprint), prob.name, shape_key(at), dkey)
-    except TableError:
-        return False
+    held = _held(table, fingerprint, prob, at, dkey)
     if held is None or bad_entry(held) or held.get("provisional"):
         return False
     if "rung_of" not in held:

@@ -97,6 +97,10 @@ def test_gemm_bn_training_without_running_statistics_interpreted():
     _run("bn_without_running_stats")
 
 
+def test_gemm_bn_eval_after_training_reads_the_updated_statistics_interpreted():
+    _run("eval_after_training")
+
+
 def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
     _run("avgpool_backward")
 

@@ -217,6 +217,34 @@ def bn_without_running_stats() -> list[str]:
     return failures
 
 
+def eval_after_training() -> list[str]:
+    """gemm_bn's Triton variant in eval mode, then training (which updates the running statistics
+    through their pointers), then eval again: the second eval must use the new statistics, not
+    the (k, shift) cached from the first."""
+    import copy
+
+    from autofuse.tuning.gate import build_case
+
+    prob = registry.get_problem("gemm_bn")
+    variant = registry.get_variant("gemm_bn", "triton")("fp32", **CONFIGS["persistent-pointers"],
+                                                        operands=OPERANDS["fp32"][0][0])
+    shape = {"batch_size": 37, "in_features": 40, "out_features": 33}
+    model, x = build_case(prob, CheckCase(shape, "randn", 5, False), "cpu", torch.float32, "eval")
+    reference = copy.deepcopy(model).double()
+    with torch.no_grad():
+        first = variant(model.eval(), x)
+        variant(model.train(), x * 3.0 + 1.0)  # statistics far from the initial ones
+        reference.train()(x.double() * 3.0 + 1.0)
+        got, want = variant(model.eval(), x), reference.eval()(x.double())
+    error = ((got.double() - want).norm() / want.norm()).item()
+    moved = ((first.double() - want).norm() / want.norm()).item()
+    print("eval after training", f"relative error {error:.3g}; the first eval's {moved:.3g}", flush=True)
+    bound = prob.tolerances["fp32"].rel_l2
+    if not moved > 100 * bound:
+        return [f"eval after training: the statistics barely moved ({moved:.3g}); the check cannot fail"]
+    return [] if error < bound else [f"eval after training: relative error {error:.3g} > {bound} (stale statistics)"]
+
+
 def avgpool_backward() -> list[str]:
     """51's two backward passes against its torch formulas, with the forward's r saved and without:
     every subset of gradients asked for, at blocks small enough that rows, columns, partial sums
@@ -1082,6 +1110,7 @@ if __name__ == "__main__":
                 "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
                 "wide_gradients": wide_gradients, "wide_gradients_flags": wide_gradients_flags,
                 "wide_gate": wide_gate, "bn_without_running_stats": bn_without_running_stats,
+                "eval_after_training": eval_after_training,
                 "exact_path_sum": exact_path_sum,
                 "bf16_model_serving": bf16_model_serving,
                 "bf16_model_rounds_as_the_reference": bf16_model_rounds_as_the_reference,

@@ -43,12 +43,19 @@ def uses_batch_statistics(bn) -> bool:
 
 
 def momentum_factor(bn) -> float:
-    """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm does."""
+    """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm
+    does; called just before the kernel that updates the running statistics, which it marks written."""
     factor = 0.0 if bn.momentum is None else bn.momentum
     if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
         bn.num_batches_tracked.add_(1)
         if bn.momentum is None:  # cumulative moving average
             factor = 1.0 / float(bn.num_batches_tracked)
+    if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
+        # The kernel writes them through their pointers, which no version counter sees: without
+        # this, eval mode's cached (k, shift) (a FoldCache keyed on versions) and a CUDA graph's
+        # state check would keep the statistics of before the training calls.
+        for stat in (bn.running_mean, bn.running_var):
+            torch.autograd.graph.increment_version(stat)
     return float(factor)
 
 

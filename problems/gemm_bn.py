@@ -78,6 +78,7 @@ PROBLEM = GemmBatchNorm(
     aliases=("kb2-39", "39_Gemm_Scale_BatchNorm"),
     mode_sensitive=True,
     min_train_batch=2,
+    training_updates=("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"),
 )
 
 

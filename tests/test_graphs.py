@@ -2,6 +2,7 @@
 the model's state, and the plain-warm-capture-replay cycle, on the CPU with a stand-in for the
 graph. The real capture runs on the GPU (tests/test_graphs_gpu.py)."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -36,7 +37,8 @@ def test_only_small_no_grad_cuda_calls_of_capturable_variants_qualify(monkeypatc
     assert not graphs.graphable(stub, 0, CUDA, False, "any")  # an empty batch: nothing to replay
     assert not graphs.graphable(stub, 8, CUDA, True, "any")  # the autograd entry saves for a backward
     assert not graphs.graphable(stub, 8, torch.device("cpu"), False, "any")
-    assert not graphs.graphable(stub, 8, CUDA, False, "train")  # BatchNorm's running statistics move
+    assert not graphs.graphable(stub, 8, CUDA, False, "train")  # writes buffers it does not declare
+    assert graphs.graphable(stub, 8, CUDA, False, "train", ("bn.running_mean",))
     assert graphs.graphable(EagerVariant("fp32"), 8, CUDA, False, "any")
     assert not graphs.graphable(type("Plugin", (), {})(), 8, CUDA, False, "any")  # says nothing: not captured
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPHS", "0")
@@ -106,18 +108,17 @@ class FakeGraph:
         self.run()
 
 
-def _fake_capture(self, model, x, state):
-    static_x = x.clone()
+def _fake_record(self, model, static_x, written, before):
+    """``GraphedCall._record`` without CUDA: the warm-up runs the call (writing the buffers, which
+    are put back as the real one does), the capture runs nothing, a replay reruns the call."""
     static_out = self.call(model, static_x)
-    self.graph = FakeGraph(lambda: static_out.copy_(self.call(model, static_x)))
-    self._x, self._out, self._state, self._stream = static_x, static_out, state, 0
-    self.graph.replay()
-    return static_out.clone()
+    graphs._restore(written, before)
+    return FakeGraph(lambda: static_out.copy_(self.call(model, static_x))), static_out
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    monkeypatch.setattr(graphs.GraphedCall, "_capture", _fake_capture)
+    monkeypatch.setattr(graphs.GraphedCall, "_record", _fake_record)
     monkeypatch.setattr(graphs, "_stream", lambda device: 0)
     monkeypatch.setattr(graphs, "_plain_only", lambda: False)
 
@@ -158,10 +159,10 @@ def test_a_model_that_changes_between_every_call_is_never_captured(fake_cuda):
 
 
 def test_a_failed_capture_leaves_the_key_plain_and_says_so_once(fake_cuda, monkeypatch, caplog):
-    def failing(self, model, x, state):
+    def failing(self, model, static_x, written, before):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(graphs.GraphedCall, "_capture", failing)
+    monkeypatch.setattr(graphs.GraphedCall, "_record", failing)
     module, call = _state_probe("matmul_gelu_softmax")
     x = torch.randn(3, 5)
     with caplog.at_level(logging.WARNING, logger="autofuse"):
@@ -172,7 +173,7 @@ def test_a_failed_capture_leaves_the_key_plain_and_says_so_once(fake_cuda, monke
 
 def test_under_autocast_or_functorch_a_call_runs_plain(monkeypatch):
     monkeypatch.setattr(graphs, "_stream", lambda device: 0)
-    monkeypatch.setattr(graphs.GraphedCall, "_capture", _fake_capture)
+    monkeypatch.setattr(graphs.GraphedCall, "_record", _fake_record)
     module, call = _state_probe("matmul_gelu_softmax")
     with monkeypatch.context() as inside:  # CUDA's autocast, which a CPU build cannot enter
         inside.setattr(torch, "is_autocast_enabled", lambda *device: not device or device == ("cuda",))
@@ -195,3 +196,89 @@ def test_the_dispatcher_binds_a_graph_to_a_qualifying_key_and_nothing_else():
     with torch.no_grad():  # on the CPU every call is the variant itself, as before
         module(torch.randn(8, 12))
     assert not any(isinstance(c, graphs.GraphedCall) for c in dispatcher.ready.values())
+
+
+# -- training mode: a call that writes the model's buffers (BatchNorm's running statistics) --------
+STATS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+def _training_probe(call=None):
+    """gemm_bn in training mode, its key's GraphedCall around ``call`` (the reference by default),
+    and a twin plain model that the same inputs are fed to."""
+    module = module_for("gemm_bn").train()
+    plain = module_for("gemm_bn").train()
+    plain.load_state_dict(module.state_dict())
+    updates = registry.get_problem("gemm_bn").training_updates
+    assert updates == STATS
+    return module, plain, graphs.GraphedCall(module._autofuse, call or EagerVariant("fp32"), "probe", updates)
+
+
+def _stats(model):
+    return [model.state_dict()[name].clone() for name in STATS]
+
+
+def test_in_training_the_written_buffers_versions_are_not_state_but_their_addresses_and_the_rest_are():
+    module, _, call = _training_probe()
+    before = call._model_state(module)
+    module.bn.running_mean.add_(1.0)  # what every training call does
+    module.bn.num_batches_tracked.add_(1)
+    assert call._model_state(module) == before
+    module.bn.running_var = module.bn.running_var.clone()  # another tensor: the graph's is not it
+    assert call._model_state(module) != before
+    before = call._model_state(module)
+    with torch.no_grad():
+        module.bn.weight.mul_(2.0)  # a parameter: as in eval
+    assert call._model_state(module) != before
+    eval_call = graphs.GraphedCall(module._autofuse, Capturable(), "eval probe")
+    before = eval_call._model_state(module)
+    module.bn.running_mean.add_(1.0)
+    assert eval_call._model_state(module) != before  # in eval the statistics are read: state
+
+
+def test_training_calls_replayed_update_the_statistics_once_each_as_plain_calls_do(fake_cuda):
+    module, plain, call = _training_probe()
+    xs = [torch.randn(6, module.gemm.in_features) * (1 + i) for i in range(5)]
+    with torch.no_grad():
+        versions = []
+        for x in xs:
+            got, want = call(module, x), plain(x)
+            versions.append(module.bn.running_mean._version)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+            for mine, theirs in zip(_stats(module), _stats(plain)):
+                assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)  # one update, not three
+    assert call.graph is not None and call.failed is None and call.graph.replays == len(xs) - graphs.WARM_CALLS + 1
+    assert all(b > a for a, b in zip(versions, versions[1:]))  # each replay marks its writes
+
+
+@pytest.mark.parametrize("failure", ["raises", "differs"])
+def test_a_failed_training_capture_leaves_the_statistics_as_one_plain_call_would(fake_cuda, monkeypatch, failure, caplog):
+    if failure == "raises":
+        def record(self, model, static_x, written, before):
+            self.call(model, static_x)  # the warm-up ran and wrote, then the capture failed
+            raise RuntimeError("operation not permitted when stream is capturing")
+    else:
+        def record(self, model, static_x, written, before):
+            graph, out = _fake_record(self, model, static_x, written, before)
+            graph.run = lambda: (out.copy_(self.call(model, static_x)), model.bn.running_mean.add_(1e-3))
+            return graph, out
+    monkeypatch.setattr(graphs.GraphedCall, "_record", record)
+    module, plain, call = _training_probe()
+    x = torch.randn(6, module.gemm.in_features)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="autofuse"):
+        for _ in range(graphs.WARM_CALLS + 1):
+            assert torch.allclose(call(module, x), plain(x), rtol=1e-5, atol=1e-6)
+            for mine, theirs in zip(_stats(module), _stats(plain)):
+                assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert call.failed is not None and call.graph is None
+    assert ("stream is capturing" if failure == "raises" else "wrote the model's buffers") in caplog.text
+
+
+def test_the_dispatcher_graphs_a_training_key_only_for_a_problem_that_declares_its_writes(monkeypatch):
+    module = module_for("gemm_bn").train()
+    dispatcher, stub = module._autofuse, Capturable()
+    key = CallKey(torch.Size([8, 12]), torch.float32, CUDA, False, True)
+    bound = dispatcher._bound(key, stub, key.dispatch_key("fp32", "train"), {"batch_size": 8})
+    assert isinstance(bound, graphs.GraphedCall) and bound.writes == STATS
+    assert dispatcher._bound(key, stub, key.dispatch_key("fp32", "eval"), None).writes == ()
+    monkeypatch.setattr(dispatcher, "problem", dataclasses.replace(dispatcher.problem, training_updates=None))
+    assert dispatcher._bound(key, stub, key.dispatch_key("fp32", "train"), None) is stub

@@ -27,6 +27,16 @@ CASES = [  # problem, variant, precision, mode, dtype
     ("matmul_gelu_softmax", "eager", "bf16", "any", "float32"),  # the reference under autocast
     ("gemm_bn", "eager", "bf16", "eval", "bfloat16"),
 ]
+TRAINING = [  # gemm_bn in training mode: the replay writes the running statistics
+    ("gemm_bn", "triton", "fp32", "train", "float32"),
+    ("gemm_bn", "triton", "bf16", "train", "bfloat16"),
+    ("gemm_bn", "cublas_epilogue", "bf16", "train", "float32"),
+    ("gemm_bn", "cublas_epilogue", "bf16", "train", "bfloat16"),
+    ("gemm_bn", "cuda_tiled", "fp32", "train", "float32"),
+    ("gemm_bn", "simplified", "tf32", "train", "float32"),
+]
+CASES += TRAINING
+STATS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
 
 
 def _served(problem, variant, precision, mode, dtype, batch=BATCH):
@@ -65,7 +75,7 @@ def test_a_replay_is_the_plain_call_bit_for_bit_and_each_output_is_the_callers(p
     assert len({out.data_ptr() for out in outs}) == len(outs)
 
 
-@pytest.mark.parametrize("problem,variant,precision,mode,dtype", CASES[:1] + CASES[4:5])
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", CASES[:1] + CASES[4:5] + TRAINING[:1])
 def test_a_changed_parameter_buffer_or_attribute_is_what_the_next_call_reads(problem, variant, precision, mode, dtype):
     module, call = _served(problem, variant, precision, mode, dtype)
     x = _inputs(1, getattr(torch, dtype))[0]
@@ -73,8 +83,10 @@ def test_a_changed_parameter_buffer_or_attribute_is_what_the_next_call_reads(pro
     changes = [lambda: weight.mul_(0.5), lambda: setattr(weight, "data", weight.detach() * 2.0),
                lambda: module.load_state_dict({k: v * 0.9 if v.is_floating_point() else v
                                                for k, v in module.state_dict().items()})]
-    if problem == "gemm_bn":
+    if problem == "gemm_bn" and mode == "eval":
         changes += [lambda: module.bn.running_var.mul_(3.0), lambda: setattr(module.bn, "eps", 0.5)]
+    if mode == "train":
+        changes += [lambda: setattr(module.bn, "eps", 0.5), lambda: module.bn.weight.mul_(2.0)]
     with torch.no_grad():
         for change in changes:
             for _ in range(graphs.WARM_CALLS + 1):
@@ -87,6 +99,57 @@ def test_a_changed_parameter_buffer_or_attribute_is_what_the_next_call_reads(pro
             for _ in range(graphs.WARM_CALLS + 1):  # captured again, on the new state
                 assert torch.equal(module(x), after)
             assert call.graph is not None
+
+
+def _statistics(model):
+    return [model.state_dict()[name].clone() for name in STATS]
+
+
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", TRAINING)
+def test_training_replays_write_the_statistics_as_plain_calls_do_and_eval_then_reads_them(problem, variant, precision,
+                                                                                          mode, dtype):
+    module, call = _served(problem, variant, precision, mode, dtype)
+    twin = kernelbench_model(problem, BATCH, N_IN, N_OUT).to("cuda", getattr(torch, dtype))
+    twin.load_state_dict(module.state_dict())  # after _served's first call: the two agree from here
+    # The twin's own instance: the graph reads its variant's cached weight copies where they are,
+    # and the graph's variant called on another model would replace (and free) them.
+    plain = type(call.call)(precision, **call.call.params)
+    plain.build("cuda")
+    xs = _inputs(6, getattr(torch, dtype))
+    with torch.no_grad():
+        first_eval = call.call(module.eval(), xs[0])  # the variant's eval coefficients, cached
+        module.train()
+        for x in xs:
+            got, want = module(x), plain(twin, x)  # the graph (from the WARM_CALLS-th), the variant plain
+            assert torch.equal(got, want)
+            for mine, theirs in zip(_statistics(module), _statistics(twin)):
+                assert torch.equal(mine, theirs)  # one update per call, bit for bit
+        assert call.graph is not None and call.failed is None
+        # Eval reads the statistics the replays wrote (their versions moved), not the cached ones.
+        got = call.call(module.eval(), xs[0])
+        reference = kernelbench_model(problem, BATCH, N_IN, N_OUT).double().cuda()
+        reference.load_state_dict(twin.state_dict())
+        want = reference.eval()(xs[0].double())
+    error = ((got.double() - want).norm() / want.norm()).item()
+    moved = ((first_eval.double() - want).norm() / want.norm()).item()
+    bound = registry.get_problem(problem).tolerance(precision).rel_l2
+    assert moved > 10 * bound, "the statistics barely moved: this check could not fail"
+    assert error < bound, (error, moved)
+
+
+def test_momentum_none_reads_the_batch_count_on_the_host_so_training_stays_plain(caplog):
+    module, call = _served(*TRAINING[0])
+    module.bn.momentum = None
+    twin = kernelbench_model("gemm_bn", BATCH, N_IN, N_OUT).cuda()
+    twin.load_state_dict(module.state_dict())
+    twin.bn.momentum = None
+    plain = type(call.call)("fp32", **call.call.params)
+    plain.build("cuda")
+    with torch.no_grad():
+        for x in _inputs(4, torch.float32):
+            assert torch.equal(module(x), plain(twin, x))
+            assert all(torch.equal(a, b) for a, b in zip(_statistics(module), _statistics(twin)))
+    assert call.graph is None and call.failed is not None
 
 
 def test_inference_mode_no_grad_other_layouts_streams_and_autocast_all_get_the_plain_answer():

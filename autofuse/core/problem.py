@@ -99,6 +99,10 @@ class Problem:
     # is then part of the dispatch key.
     mode_sensitive: bool = False
     min_train_batch: int = 1
+    # The buffers a training-mode forward writes, by state_dict name (BatchNorm's running
+    # statistics): declaring them lets a small training-mode call be replayed as a CUDA graph,
+    # which writes them where they are (autofuse.serve.graphs). None: never replayed in training.
+    training_updates: tuple[str, ...] | None = None
     # What no implementation can beat: "gemm" (cuBLAS's GEMM alone at the same precision) or
     # "memory" (moving memory_floor_bytes at the measured copy bandwidth), where the algebra
     # removes the GEMM.

@@ -9,17 +9,20 @@ x is copied into the graph's input, the graph is replayed and its output cloned 
 each output, as from the plain call), three launches whatever the variant does.
 
 ``GraphedCall`` is what the dispatcher binds to a call key that qualifies (``graphable``): no
-gradient needed, on CUDA, a batch of at most ``MAX_BATCH``, a problem whose forward does not
-update the model (not BatchNorm in training mode), and a variant that declares itself
-``capturable`` (its call makes no host synchronization and reads the model only through its
-tensors and plain attributes). A key is captured after ``WARM_CALLS`` plain calls in a row that
-saw the same model state, then replayed while that state holds:
+gradient needed, on CUDA, a batch of at most ``MAX_BATCH``, outside training mode or for a problem
+that declares what its training-mode forward writes (``Problem.training_updates``: BatchNorm's
+running statistics), and a variant that declares itself ``capturable`` (its call makes no host
+synchronization and reads the model only through its tensors and plain attributes). A key is
+captured after ``WARM_CALLS`` plain calls in a row that saw the same model state, then replayed
+while that state holds:
 
 - *the model's state*: every parameter and buffer, by data pointer and version counter (an
   optimizer step, ``load_state_dict``, ``p.add_`` or ``p.data = ...`` changes one), and every
   plain attribute of its submodules (``scale_factor``, BatchNorm's ``eps``, a tuple such as a
-  pooling layer's ``kernel_size``). The graph holds the tensors and values it was captured with,
-  and the variants' cached weight copies with them; any change drops it, the call runs plain,
+  pooling layer's ``kernel_size``). The graph reads the tensors it was captured with where they
+  were, the variant's cached weight copies among them (it does not hold them: the variant must
+  not be called on another model meanwhile, which would replace and free its copies; only the
+  dispatcher calls it); any change drops the graph before a replay, the call runs plain,
   and a new graph is captured once the state is steady again (a loop that steps the optimizer between calls never captures, and pays nothing but
   the check);
 - *the stream*: a graph replays on the stream it was captured on; a call on another runs plain;
@@ -28,7 +31,16 @@ saw the same model state, then replayed while that state holds:
 
 A capture is checked once, against a plain call on the same input: unless the replay's output
 equals it bit for bit (NaN where it has NaN), or if the capture raises (a variant that
-synchronizes the host, say), the key runs plain from then on, said once in the log. Each
+synchronizes the host, say), the key runs plain from then on, said once in the log.
+
+*Training mode.* The buffers the forward writes (``training_updates``) are its output as much as
+the returned tensor: a replay writes them where they are, as the plain call does. So their data
+pointers are part of the state but not their versions (every call moves those), and each replay
+bumps their versions as the plain call would (eval mode's cached coefficients key on them).
+Capturing runs the call three times (the plain call, the warm-up, the check replay) where the
+caller made one: the written buffers are saved before and restored after the warm-up, and the
+replay must leave them bit for bit as the plain call did. BatchNorm with ``momentum=None`` reads
+its batch count on the host, which no capture allows: such a key stays plain. Each
 graph keeps its own memory pool: the input, the output and the call's scratch at a small batch
 (22 at batch 64: its float32 logits are 2 MB). ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off.
 """
@@ -40,6 +52,7 @@ import os
 import threading
 import warnings
 import weakref
+from typing import NamedTuple
 
 import torch
 
@@ -55,9 +68,12 @@ def enabled() -> bool:
     return os.environ.get("AUTOFUSE_CUDA_GRAPHS", "1") != "0"
 
 
-def graphable(call, batch: int, device: torch.device, autograd: bool, mode: str) -> bool:
-    """Whether a call key bound to ``call`` (a variant) qualifies for a ``GraphedCall`` (module docstring)."""
-    return (not autograd and device.type == "cuda" and 1 <= batch <= MAX_BATCH and mode != "train"
+def graphable(call, batch: int, device: torch.device, autograd: bool, mode: str,
+              training_updates: tuple[str, ...] | None = None) -> bool:
+    """Whether a call key bound to ``call`` (a variant) qualifies for a ``GraphedCall`` (module
+    docstring); ``training_updates``: the problem's, which a training-mode key needs declared."""
+    return (not autograd and device.type == "cuda" and 1 <= batch <= MAX_BATCH
+            and (mode != "train" or training_updates is not None)
             and getattr(call, "capturable", False) and enabled())
 
 
@@ -65,14 +81,16 @@ class GraphedCall:
     """The callable bound to one qualifying no-grad call key: ``call`` (the variant) run plain until
     the model's state has held for ``WARM_CALLS`` calls, then captured and replayed (module docstring)."""
 
-    def __init__(self, dispatcher, call, where: str):
+    def __init__(self, dispatcher, call, where: str, writes: tuple[str, ...] = ()):
         self._dispatcher = weakref.ref(dispatcher)  # the dispatcher holds this call: no cycle
         self.call, self.where = call, where
+        self.writes = writes  # the buffers the call writes, by state_dict name (training mode)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed: str | None = None  # why this key runs plain for good
         self._x = self._out = self._state = self._seen = None
+        self._written: list[torch.Tensor] = []  # the buffers a replay writes (``writes``'s tensors)
         self._stream = None
-        self._watched: tuple | None = None  # (the dispatcher's slots, the plain attributes to compare)
+        self._watched: _Watched | None = None
         self._steady = 0
         self._lock = threading.Lock()  # one caller at a time may use the graph's input and output
 
@@ -89,6 +107,8 @@ class GraphedCall:
             if self.graph is not None and state == self._state and _stream(x.device) == self._stream:
                 self._x.copy_(x)
                 self.graph.replay()
+                if self._written:
+                    torch.autograd.graph.increment_version(self._written)  # as the plain call's writes do
                 return self._out.clone()
             return self._warm(model, x, state)
         finally:
@@ -102,37 +122,54 @@ class GraphedCall:
         self._steady += 1
         if self._steady < WARM_CALLS:
             return self.call(model, x)
+        written = self._written_tensors(model)
+        before = [t.clone() for t in written]
+        expected = self.call(model, x)  # the caller's call, which the replay must equal
+        after = [t.clone() for t in written]
         try:
-            return self._capture(model, x, state)
+            why, out = self._capture(model, x, state, expected, written, before, after)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the key on the plain call
-            self._give_up(f"capturing it failed ({type(exc).__name__}: {exc})")
-            return self.call(model, x)
+            why = f"capturing it failed ({type(exc).__name__}: {exc})"
+        if why is not None:
+            _restore(written, after)  # the model as the caller's one call left it
+            self._give_up(why)
+            return expected
+        return out
 
-    def _capture(self, model, x, state):
-        expected = self.call(model, x)  # the plain call of this input: what the replay must equal
+    def _capture(self, model, x, state, expected, written, before, after) -> tuple[str | None, object]:
+        """Record ``call`` on a copy of ``x`` and replay it once: (None, the replay's output) if it
+        did what the plain call did (``expected``, and the written buffers ``after``), else (why not, None)."""
         with torch.inference_mode(False):  # the input is written in place later, in or out of inference mode
             static_x = torch.empty_like(x, memory_format=torch.contiguous_format)
         static_x.copy_(x)
-        # Warm up on a side stream before capturing, as torch.cuda.graphs asks (lazy inits stay out).
-        side = torch.cuda.Stream(x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            self.call(model, static_x)
-        torch.cuda.current_stream(x.device).wait_stream(side)
-        static_out = _captured(self.call, model, static_x, graph := torch.cuda.CUDAGraph())
+        graph, static_out = self._record(model, static_x, written, before)
         if not isinstance(static_out, torch.Tensor):
-            raise TypeError(f"the call returned {type(static_out).__name__}, not a tensor")
-        graph.replay()
+            return f"the call returned {type(static_out).__name__}, not a tensor", None
+        graph.replay()  # the caller's call's update of ``written``: the warm-up's was undone
         out = static_out.clone()
         if not _same(out, expected):
-            self._give_up("its replay differed from the plain call on the same input")
-            return expected
+            return "its replay differed from the plain call on the same input", None
+        if not all(_same(t, a) for t, a in zip(written, after)):
+            return "its replay wrote the model's buffers differently from the plain call", None
         if self._model_state(model) != state:
-            self._give_up("the call changes the model's tensors")
-            return expected
-        self.graph, self._x, self._out, self._state = graph, static_x, static_out, state
+            return "the call changes the model's tensors", None
+        if written:
+            torch.autograd.graph.increment_version(written)
+        self.graph, self._x, self._out, self._state, self._written = graph, static_x, static_out, state, written
         self._stream = _stream(x.device)
-        return out
+        return None, out
+
+    def _record(self, model, static_x, written, before) -> tuple[torch.cuda.CUDAGraph, object]:
+        """The call warmed up on a side stream, as torch.cuda.graphs asks (lazy inits stay out of
+        the capture), ``written`` put back to ``before``, then captured: (the graph, its output)."""
+        side = torch.cuda.Stream(static_x.device)
+        side.wait_stream(torch.cuda.current_stream(static_x.device))
+        with torch.cuda.stream(side):
+            self.call(model, static_x)
+        torch.cuda.current_stream(static_x.device).wait_stream(side)
+        _restore(written, before)
+        graph = torch.cuda.CUDAGraph()
+        return graph, _captured(self.call, model, static_x, graph)
 
     def _give_up(self, why: str) -> None:
         self.failed = why
@@ -142,17 +179,41 @@ class GraphedCall:
             dispatcher._say(f"{self.where}: not replayed as a CUDA graph, {why}; its calls run as they are")
 
     def _model_state(self, model) -> tuple:
-        """Every parameter's and buffer's (data pointer, version), and the modules' plain attributes."""
+        """Every parameter's and buffer's (data pointer, version; a written buffer's pointer alone),
+        and the modules' plain attributes."""
         dispatcher = self._dispatcher()
         slots, params = dispatcher.state_slots(model)
-        if self._watched is None or self._watched[0] is not slots:
-            modules = [model] + [d[name] for d, name in slots[:params.start] if d[name] is not None]
-            # Names read once per set of submodules: a call compares values, not whole __dict__s.
-            self._watched = (slots, [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
-                                     if not k.startswith("_") and _plain(v)])
-        tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version)
-                        for d, name in slots[params.start:])
-        return tensors, tuple(d.get(k) for d, k in self._watched[1])
+        if self._watched is None or self._watched.slots is not slots:
+            self._watched = _Watched.of(model, slots, params, self.writes)
+        tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version if versioned else None)
+                        for (d, name), versioned in zip(slots[params.start:], self._watched.versioned))
+        return tensors, tuple(d.get(k) for d, k in self._watched.attrs)
+
+    def _written_tensors(self, model) -> list[torch.Tensor]:
+        """The tensors ``writes`` names, as the model holds them now (those it holds)."""
+        self._model_state(model)  # the watched slots of this model
+        return [t for d, name in self._watched.written if (t := d[name]) is not None]
+
+
+class _Watched(NamedTuple):
+    """What ``GraphedCall._model_state`` reads, worked out once per set of submodules: a call
+    compares values, not whole ``__dict__``s."""
+
+    slots: tuple  # the dispatcher's (``state_slots``)
+    attrs: list  # (a module's __dict__, name) of each plain attribute
+    versioned: tuple[bool, ...]  # per tensor slot: whether its version counter is part of the state
+    written: list  # (dict, name) of each slot the call writes (``GraphedCall.writes``)
+
+    @classmethod
+    def of(cls, model, slots: tuple, params: slice, writes: tuple[str, ...]) -> _Watched:
+        modules = [model] + [d[name] for d, name in slots[:params.start] if d[name] is not None]
+        attrs = [(m.__dict__, k) for m in modules for k, v in m.__dict__.items() if not k.startswith("_") and _plain(v)]
+        owners = dict(model.named_modules())
+        written = {(id(owners[path]._buffers), name) for path, _, name in (w.rpartition(".") for w in writes)
+                   if path in owners}
+        tensor_slots = slots[params.start:]
+        versioned = tuple((id(d), name) not in written for d, name in tensor_slots)
+        return cls(slots, attrs, versioned, [slot for slot, v in zip(tensor_slots, versioned) if not v])
 
 
 def _plain(value) -> bool:
@@ -206,6 +267,11 @@ def _plain_only() -> bool:
 def _stream(device: torch.device) -> int:
     # Raw, as the launchers read it (``build.stream_handle``): no Stream object per call.
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    for t, value in zip(tensors, saved):
+        t.copy_(value)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

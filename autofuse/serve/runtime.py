@@ -329,9 +329,10 @@ class Dispatcher:
         if key.autograd:
             return GradModeCall(self, call, key)
         batch = key.shape[0] if len(key.shape) else 0
-        if graphs.graphable(call, batch, key.device, key.autograd, dkey.mode):
+        updates = self.problem.training_updates
+        if graphs.graphable(call, batch, key.device, key.autograd, dkey.mode, updates):
             where = f"{self.problem.name} {shape_key(shape) if shape else tuple(key.shape)} ({dkey.to_str()})"
-            return graphs.GraphedCall(self, call, where)
+            return graphs.GraphedCall(self, call, where, updates if dkey.mode == "train" else ())
         return call
 
     def _reference(self, how: str) -> tuple:

@@ -1,6 +1,7 @@
 """Batch classes: a tune at batch B writes gated entries for its family's other batches, and the
 runtime serves every batch from the nearest entry that passed the gate around it."""
 
+import dataclasses
 import json
 import logging
 
@@ -513,3 +514,23 @@ def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_fa
     assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes or with unserved")
     assert script.main(["--table", str(table)]) == 0
     assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes or with unserved")
+
+
+def test_a_rung_the_runtime_replays_as_a_graph_races_only_candidates_it_can_capture(with_compiled):
+    """`compiled` (never captured: its host path, hundreds of µs, stays on every call) won a small
+    rung on GPU time alone; where the rung's calls are replayed, it is left out of the race."""
+    prob = registry.get_problem("gemm_bn")
+    names = ("compiled", "eager", "simplified")
+    spaces = {name: registry.get_variant(prob.name, name).configs_for(TUNED, "cuda", "bf16") for name in names}
+    assert not registry.get_variant(prob.name, "compiled").capturable
+
+    def raced(batch, device="cuda", mode="train", autograd=False, problem=prob):
+        ladder = batch_classes.build_ladder(prob.name, {"variant": "compiled", "params": spaces["compiled"][0]}, [],
+                                            spaces, None, "bf16", BUDGETS["full"], autograd=autograd)
+        at = {**TUNED, "batch_size": batch}
+        return {c.variant for c in batch_classes.rung_candidates(ladder, problem, at, device, "bf16", BUDGETS["full"], mode)}
+
+    assert raced(64) == raced(2, mode="eval") == {"eager", "simplified"}
+    assert raced(65) == raced(64, device="cpu") == raced(8, autograd=True) == set(names)
+    undeclared = dataclasses.replace(prob, training_updates=None)  # its training calls are never replayed
+    assert raced(8, problem=undeclared) == set(names) and raced(8, mode="eval", problem=undeclared) == {"eager", "simplified"}

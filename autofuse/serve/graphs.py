@@ -72,9 +72,16 @@ def graphable(call, batch: int, device: torch.device, autograd: bool, mode: str,
               training_updates: tuple[str, ...] | None = None) -> bool:
     """Whether a call key bound to ``call`` (a variant) qualifies for a ``GraphedCall`` (module
     docstring); ``training_updates``: the problem's, which a training-mode key needs declared."""
-    return (not autograd and device.type == "cuda" and 1 <= batch <= MAX_BATCH
-            and (mode != "train" or training_updates is not None)
+    return (replayed_key(batch, device, autograd, mode, training_updates)
             and getattr(call, "capturable", False) and enabled())
+
+
+def replayed_key(batch: int, device: torch.device, autograd: bool, mode: str,
+                 training_updates: tuple[str, ...] | None = None) -> bool:
+    """Whether a key's calls are replayed as graphs when its variant is ``capturable`` (and graphs
+    are on): what the tuner's small batch classes must know (``batch_classes.rung_candidates``)."""
+    return (not autograd and device.type == "cuda" and 1 <= batch <= MAX_BATCH
+            and (mode != "train" or training_updates is not None))
 
 
 class GraphedCall:

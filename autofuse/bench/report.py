@@ -163,6 +163,9 @@ TIMES = (("eager", "eager"), *COMPILE_MODES, (DISPATCH, DISPATCH), ("cuBLAS-alon
 HEADER = "| problem | shape | mode | step | " + " | ".join(h for h, _ in TIMES) + " | time over floor | speedup vs compile |"
 # How the reports that --from-out renders are measured: benchmarks/gpu/benchmarks.sh writes them
 # (with KernelBench's harness output) under $OUT/benchmarks, default OUT=gpu-out.
+# p80 over p20 past which a row's samples fall in two modes (a host that stalls some calls): its
+# median is then one of them, and the speedup cell gives the ratio of the p20s beside it.
+BIMODAL = 2.0
 MEASURE_ON_GPU = ("bash benchmarks/gpu/benchmarks.sh ieee fp32 tf32 bf16\n"
                   "cp gpu-out/benchmarks/*.json gpu-out/benchmarks/*.png {out}/\n"
                   "cp -r gpu-out/benchmarks/harness {out}/")
@@ -214,6 +217,8 @@ def _summary_row(report: BenchReport) -> str:
     speedup = (fastest.timing.median_ms / dispatch.timing.median_ms
                if fastest is not None and dispatch is not None and dispatch.timing is not None else None)
     cells = [f"{over:.3f}" if over else "-", f"{speedup:.2f}x" if speedup else "-"]
+    if speedup and any(r.timing.p80_ms > BIMODAL * r.timing.p20_ms for r in (fastest, dispatch)):
+        cells[1] += f" (bimodal; p20 over p20: {fastest.timing.p20_ms / dispatch.timing.p20_ms:.2f}x)"
     target = target_for(report.problem, report.step, report.precision, report.mode, report.shape, report.dtype)
     measured = target.measure(report, dispatch) if target else None
     missed = target.miss(measured) if measured is not None else None
@@ -250,7 +255,9 @@ def _method(reports: list) -> list[str]:
         "- *time over floor*: the dispatch's median over the floor's. *speedup vs compile*: the faster "
         "torch.compile mode's median over the dispatch's (under bf16 the JSON also times a compiled copy of the "
         "model cast to bfloat16 once). Where the dispatch misses the project's target "
-        "(`autofuse/bench/targets.py`), the cell says by how much.", ""]
+        "(`autofuse/bench/targets.py`), the cell says by how much. Where either row's p80 is over "
+        f"{BIMODAL:g}x its p20, its samples fall in two modes and the median is one of them: the cell "
+        "then also gives the ratio of the two rows' p20s.", ""]
 
 
 def _device_text(device: dict) -> str:

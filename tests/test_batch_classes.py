@@ -534,3 +534,25 @@ def test_a_rung_the_runtime_replays_as_a_graph_races_only_candidates_it_can_capt
     assert raced(65) == raced(64, device="cpu") == raced(8, autograd=True) == set(names)
     undeclared = dataclasses.replace(prob, training_updates=None)  # its training calls are never replayed
     assert raced(8, problem=undeclared) == set(names) and raced(8, mode="eval", problem=undeclared) == {"eager", "simplified"}
+
+
+def test_a_classes_only_run_races_the_next_fastest_configurations_its_entry_recorded():
+    """Nothing was searched, so the runners-up are the entry's recorded candidates, fastest first,
+    those still in the spaces (a configuration no longer offered, or one that failed, is left out)."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    configs = triton_variant.gemm_configs(48, "cpu")
+    spaces = {"triton": configs, "eager": [{}], "simplified": [{}]}
+    entry = {"variant": "triton", "params": configs[0], "candidates": {
+        "triton": {"params": configs[0], "outcome": "ok", "median_ms": 0.20},
+        "simplified": {"params": {}, "outcome": "ok", "median_ms": 0.31},
+        "eager": {"params": {}, "outcome": "ok", "median_ms": 0.25},
+        "cublas_epilogue": {"params": {"block": 256}, "outcome": "ok", "median_ms": 0.22},  # not in the spaces
+        "compiled": {"params": {}, "outcome": "incorrect", "median_ms": None}}}
+    ranking = batch_classes.recorded_ranking(entry, spaces)
+    assert ranking == [("triton", configs[0]), ("eager", {}), ("simplified", {})]
+    searched = batch_classes.Searched({}, spaces, "study", False, ranking)
+    assert searched.ranked() == ranking
+    ladder = batch_classes.build_ladder(prob.name, entry, searched.ranked(), spaces, None, "fp32", BUDGETS["full"],
+                                        autograd=False)
+    assert [(c.variant, c.params) for c in ladder.runners_up] == [("eager", {}), ("simplified", {})]
+    assert batch_classes.recorded_ranking({"variant": "eager", "params": {}}, spaces) == []  # an entry without records

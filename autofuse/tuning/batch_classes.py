@@ -214,19 +214,35 @@ def best_per_variant(rows: list[Row]) -> list[Row]:
 @dataclasses.dataclass
 class Searched:
     """What the search at B left for the batch classes: its results, the spaces, the study's name and
-    whether the table's entries were kept (nothing new measured)."""
+    whether the table's entries were kept (nothing new measured); where nothing was searched
+    (``classes_only``), the ranking the entry at B recorded (``recorded_ranking``)."""
 
     results: dict
     spaces: dict
     study: str
     kept: bool
+    recorded: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
 
     def ranked(self) -> list[tuple[str, dict]]:
-        """Every timed (variant, configuration), fastest first."""
+        """Every timed (variant, configuration), fastest first; without results, ``recorded``."""
+        if not self.results:
+            return list(self.recorded)
         labels = {(name, studies.config_label(c)): c for name, configs in self.spaces.items() for c in configs}
         timed = sorted((r.timing.median_ms, key) for key, r in self.results.items()
                        if r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and key in labels)
         return [(key[0], labels[key]) for _, key in timed]
+
+
+def recorded_ranking(entry: dict, spaces: dict) -> list[tuple[str, dict]]:
+    """The configurations an entry's tune recorded (``candidates``: each variant's best, with its
+    time), fastest first, those ``spaces`` still holds: the runners-up of a classes-only run, which
+    searched nothing (H100: without them the rungs of gemm_bn training bf16 16384×4096² raced
+    triton's small tiles, eager and simplified, never cublas_epilogue)."""
+    held = {(name, studies.config_label(c)) for name, configs in spaces.items() for c in configs}
+    timed = [(record["median_ms"], name, record["params"]) for name, record in (entry.get("candidates") or {}).items()
+             if isinstance(record, dict) and record.get("outcome") == Outcome.OK.value
+             and record.get("median_ms") is not None and (name, studies.config_label(record["params"])) in held]
+    return [(name, dict(params)) for _, name, params in sorted(timed, key=lambda t: t[0])]
 
 
 def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, searched: Searched,

@@ -271,9 +271,10 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
 
 def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     """``classes_only``: the batch classes of the entries ``table`` holds for the shape's key, raced
-    as after a search (``batch_classes.cover``) but with no search's ranking to draw on: each rung
-    races the entry's configuration, the small-batch seeds, the simplest variants and, for a
-    winner restricted to where it was gated, its variant at the next stricter precision."""
+    as after a search (``batch_classes.cover``), the ranking being the one the entry recorded (each
+    variant's best at B, ``batch_classes.recorded_ranking``): each rung races the entry's
+    configuration, the next fastest recorded, the small-batch seeds, the simplest variants and, for
+    a winner restricted to where it was gated, its variant at the next stricter precision."""
     started = time.monotonic()
     spaces, job, fingerprint, key = _key_setup(prob, shape, settings, plan)
     label = f"{prob.name} {prob.shape_str(shape)}"
@@ -292,7 +293,8 @@ def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult
                              "it was measured): tune the key again, batch classes and all")
     winner, grad_winner = recorded
     items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
-                                batch_classes.Searched({}, spaces, winner.get("study") or label, False), label)
+                                batch_classes.Searched({}, spaces, winner.get("study") or label, False,
+                                                       batch_classes.recorded_ranking(winner, spaces)), label)
     _record_items(table, items)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, [], str(table.path),
                       time.monotonic() - started, None, job.log, None, classes_only=True)

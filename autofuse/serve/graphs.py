@@ -129,7 +129,7 @@ class GraphedCall:
         self._steady += 1
         if self._steady < WARM_CALLS:
             return self.call(model, x)
-        written = self._written_tensors(model)
+        written = [t for d, name in self._watched.written if (t := d[name]) is not None]  # as __call__'s state saw
         before = [t.clone() for t in written]
         expected = self.call(model, x)  # the caller's call, which the replay must equal
         after = [t.clone() for t in written]
@@ -195,11 +195,6 @@ class GraphedCall:
         tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version if versioned else None)
                         for (d, name), versioned in zip(slots[params.start:], self._watched.versioned))
         return tensors, tuple(d.get(k) for d, k in self._watched.attrs)
-
-    def _written_tensors(self, model) -> list[torch.Tensor]:
-        """The tensors ``writes`` names, as the model holds them now (those it holds)."""
-        self._model_state(model)  # the watched slots of this model
-        return [t for d, name in self._watched.written if (t := d[name]) is not None]
 
 
 class _Watched(NamedTuple):

@@ -107,7 +107,7 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
     the race times the GPU, and a replay costs the host three launches, while a call that cannot
     be captured pays its whole host path on top (H100, gemm_bn training 32×4096² bf16: a
     ``compiled`` entry, 32 µs of GPU time, took 411 µs of wall a call)."""
-    device_type = torch.device(device).type
+    device_type = (on := torch.device(device)).type
     variants = registry.variants(problem.name)
     seeds = []
     if not ladder.winner.autograd and shape[problem.batch_dim] < SMALL_BATCH:
@@ -126,8 +126,7 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
         if candidate.label() not in labels and _valid(variants[candidate.variant], candidate.params, shape, device_type):
             chosen.append(candidate)
             labels.add(candidate.label())
-    if graphs.replayed_key(shape[problem.batch_dim], torch.device(device), ladder.winner.autograd, mode,
-                           problem.training_updates):
+    if graphs.replayed_key(shape[problem.batch_dim], on, ladder.winner.autograd, mode, problem.training_updates):
         capturable = [c for c in chosen if variants[c.variant].capturable]
         chosen = capturable or chosen
     return chosen
@@ -227,7 +226,7 @@ class Searched:
         """Every timed (variant, configuration), fastest first; without results, ``recorded``."""
         if not self.results:
             return list(self.recorded)
-        labels = {(name, studies.config_label(c)): c for name, configs in self.spaces.items() for c in configs}
+        labels = _space_labels(self.spaces)
         timed = sorted((r.timing.median_ms, key) for key, r in self.results.items()
                        if r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and key in labels)
         return [(key[0], labels[key]) for _, key in timed]
@@ -238,11 +237,16 @@ def recorded_ranking(entry: dict, spaces: dict) -> list[tuple[str, dict]]:
     time), fastest first, those ``spaces`` still holds: the runners-up of a classes-only run, which
     searched nothing (H100: without them the rungs of gemm_bn training bf16 16384×4096² raced
     triton's small tiles, eager and simplified, never cublas_epilogue)."""
-    held = {(name, studies.config_label(c)) for name, configs in spaces.items() for c in configs}
+    held = _space_labels(spaces)
     timed = [(record["median_ms"], name, record["params"]) for name, record in (entry.get("candidates") or {}).items()
              if isinstance(record, dict) and record.get("outcome") == Outcome.OK.value
              and record.get("median_ms") is not None and (name, studies.config_label(record["params"])) in held]
     return [(name, dict(params)) for _, name, params in sorted(timed, key=lambda t: t[0])]
+
+
+def _space_labels(spaces: dict) -> dict[tuple[str, str], dict]:
+    """(variant, configuration label) -> configuration, for every configuration ``spaces`` holds."""
+    return {(name, studies.config_label(c)): c for name, configs in spaces.items() for c in configs}
 
 
 def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, searched: Searched,

@@ -42,6 +42,11 @@ def uses_batch_statistics(bn) -> bool:
     return bn.training or (bn.running_mean is None and bn.running_var is None)
 
 
+def updates_running_stats(bn) -> bool:
+    """Whether a call updates running_mean and running_var (the kernels' update, in place)."""
+    return bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None
+
+
 def momentum_factor(bn) -> float:
     """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm
     does; called just before the kernel that updates the running statistics, which it marks written."""
@@ -50,7 +55,7 @@ def momentum_factor(bn) -> float:
         bn.num_batches_tracked.add_(1)
         if bn.momentum is None:  # cumulative moving average
             factor = 1.0 / float(bn.num_batches_tracked)
-    if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
+    if updates_running_stats(bn):
         # The kernel writes them through their pointers, which no version counter sees: without
         # this, eval mode's cached (k, shift) (a FoldCache keyed on versions) and a CUDA graph's
         # state check would keep the statistics of before the training calls.
@@ -95,7 +100,7 @@ class TrainOperands:
             return operand(t, name, (n_out,), dev, dtype)
 
         stats = None, None
-        if bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None:
+        if updates_running_stats(bn):
             stats = (_running(bn.running_mean, "bn.running_mean", n_out, dev, dtype),
                      _running(bn.running_var, "bn.running_var", n_out, dev, dtype))  # fmt: skip
         scale = operand(model.scale, "scale", (n_out,), dev, dtype)

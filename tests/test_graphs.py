@@ -98,10 +98,11 @@ def test_a_plain_attribute_of_the_model_itself_is_part_of_the_state():
 
 
 class FakeGraph:
-    """What ``torch.cuda.CUDAGraph`` does for these tests: replay reruns the captured call."""
+    """What ``torch.cuda.CUDAGraph`` does for these tests: replay reruns the captured call, reading
+    and writing ``at`` (its input and output, the captured ones until a FakeRepointer moves them)."""
 
-    def __init__(self, run):
-        self.run, self.replays = run, 0
+    def __init__(self, run, at=None):
+        self.run, self.replays, self.at = run, 0, at
 
     def replay(self):
         self.replays += 1
@@ -113,7 +114,8 @@ def _fake_record(self, model, static_x, written, before):
     are put back as the real one does), the capture runs nothing, a replay reruns the call."""
     static_out = self.call(model, static_x)
     graphs._restore(written, before)
-    return FakeGraph(lambda: static_out.copy_(self.call(model, static_x))), static_out
+    graph = FakeGraph(lambda: graph.at[1].copy_(self.call(model, graph.at[0])), [static_x, static_out])
+    return graph, static_out
 
 
 @pytest.fixture
@@ -169,6 +171,71 @@ def test_a_failed_capture_leaves_the_key_plain_and_says_so_once(fake_cuda, monke
         outs = [call(module, x) for _ in range(5)]
     assert all(torch.equal(out, x * 2.0) for out in outs) and call.failed is not None and call.graph is None
     assert caplog.text.count("not replayed as a CUDA graph") == 1 and "stream is capturing" in caplog.text
+
+
+class FakeRepointer:
+    """``repoint.Repointer`` for a FakeGraph: ``point`` moves what its replays read and write, as
+    far as it ``sees``: "x and out"; "out" (a graph that reads its input where no kernel argument
+    shows it, as cuBLAS's do); "nothing" (its output is written elsewhere too)."""
+
+    def __init__(self, graph, sees):
+        self.graph, self.sees = graph, sees
+
+    def point(self, tensors):
+        x, out = tensors
+        if self.sees != "nothing":
+            self.graph.at[1] = out
+        if self.sees == "x and out":
+            self.graph.at[0] = x
+
+
+@pytest.fixture(params=["x and out", "out", "nothing"])
+def repointable(request, fake_cuda, monkeypatch):
+    """Graphs that re-point as far as they see (FakeRepointer)."""
+    monkeypatch.setattr(graphs.repoint.Repointer, "of",
+                        staticmethod(lambda graph, tensors: FakeRepointer(graph, request.param)))
+    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)  # the CPU allocator aligns to 64 bytes, not 256
+    return request.param
+
+
+def test_a_repointed_replay_reads_the_callers_x_where_it_can_and_writes_a_fresh_output(repointable):
+    module, call = _state_probe("matmul_gelu_softmax")
+    xs = [torch.randn(3, 5) for _ in range(6)]
+    outs = [call(module, x) for x in xs]
+    assert all(torch.equal(out, x * 2.0) for x, out in zip(xs, outs))
+    assert len({out.data_ptr() for out in outs}) == len(outs)
+    # The checks: reading NaN where x should be read, or leaving the NaN-filled output unwritten.
+    assert (call._repoint is not None) == (repointable != "nothing")
+    assert call._reads_x == (repointable == "x and out")
+    if repointable == "x and out":  # no call after the capture copied its x into the graph's input
+        assert torch.equal(call._x, xs[graphs.WARM_CALLS - 1]) and call.graph.at[0] is xs[-1]
+    else:
+        assert torch.equal(call._x, xs[-1])
+    if repointable != "nothing":
+        assert call.graph.at[1] is outs[-1]
+
+
+def test_an_x_laid_out_otherwise_is_copied_into_the_graphs_input(repointable):
+    module, call = _state_probe("matmul_gelu_softmax")
+    for _ in range(graphs.WARM_CALLS + 1):
+        call(module, torch.randn(3, 5))
+    strided = torch.randn(5, 3).t()  # the key's shape, not contiguous
+    assert torch.equal(call(module, strided), strided * 2.0) and torch.equal(call._x, strided)
+    if call._repoint is not None:
+        assert call.graph.at[0] is call._x
+    x = torch.randn(3, 5)
+    assert torch.equal(call(module, x), x * 2.0)
+
+
+def test_training_calls_repointed_update_the_statistics_once_each(repointable):
+    module, plain, call = _training_probe()
+    for i in range(5):
+        x = torch.randn(6, module.gemm.in_features) * (1 + i)
+        with torch.no_grad():
+            assert torch.allclose(call(module, x), plain(x), rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(_stats(module), _stats(plain)):  # the checks' extra updates undone
+            assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert call.graph is not None and call._reads_x == (repointable == "x and out")
 
 
 def test_under_autocast_or_functorch_a_call_runs_plain(monkeypatch):

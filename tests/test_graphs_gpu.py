@@ -10,7 +10,7 @@ import torch
 from helpers import kernelbench_model, module_for, record, sizes
 
 from autofuse.core import registry
-from autofuse.serve import graphs
+from autofuse.serve import graphs, repoint
 
 pytestmark = pytest.mark.gpu
 
@@ -99,6 +99,32 @@ def test_a_changed_parameter_buffer_or_attribute_is_what_the_next_call_reads(pro
             for _ in range(graphs.WARM_CALLS + 1):  # captured again, on the new state
                 assert torch.equal(module(x), after)
             assert call.graph is not None
+
+
+# Graphs of our own kernels (Triton's, the CUDA extension's) take their arguments flat: re-pointed.
+REPOINTED = [case for case in CASES if case[1] in ("triton", "cuda_tiled", "single_pass")]
+
+
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", [c for c in REPOINTED if c[3] != "train"])
+def test_our_kernels_graphs_are_re_pointed_and_an_x_off_the_alignment_is_copied_in(problem, variant, precision, mode,
+                                                                                   dtype):
+    module, call = _served(problem, variant, precision, mode, dtype)
+    xs = _inputs(4, getattr(torch, dtype))
+    buffer = torch.empty(xs[0].numel() + 1024, device="cuda", dtype=xs[0].dtype)
+    step = repoint.ALIGNMENT // buffer.element_size()
+    inside = buffer[step:step + xs[0].numel()].view_as(xs[0])  # aligned, but not its storage's start
+    off = buffer[8:8 + xs[0].numel()].view_as(xs[0])  # 16 or 32 bytes past an allocator block's start
+    with torch.no_grad():
+        for x in xs[:graphs.WARM_CALLS + 1]:
+            module(x)
+        assert call.graph is not None and call._repoint is not None and call._reads_x, call.failed
+        for x in xs + xs[:1]:  # re-pointed, copied in, re-pointed again...
+            want = call.call(module, x)
+            assert torch.equal(module(x), want)
+            for view in (inside, off):
+                view.copy_(x)
+                assert torch.equal(module(view), want)
+        assert call._repoint is not None and call.failed is None
 
 
 def _statistics(model):

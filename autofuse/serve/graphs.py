@@ -1,12 +1,15 @@
-"""Small-batch calls replayed as CUDA graphs: the host's share of a call cut to three launches.
+"""Small-batch calls replayed as CUDA graphs: the host's share of a call cut to one launch.
 
 At a small batch a fused call's GPU work is reading the weight (bfloat16 8192², batch 1: 47 µs
 at an H100's copy bandwidth), and the host's work is the rest: a triton variant under fp32 makes about ten
 torch and Triton calls (the float16 parts of x, the output and its scratch, the GEMM, the
 epilogue's second pass), and on the lent H100's host each costs 20-30 µs, so the call took 3.4x
-cuBLAS's GEMM alone (issue 34). A CUDA graph replays every launch of the call as one: per call,
-x is copied into the graph's input, the graph is replayed and its output cloned (a caller owns
-each output, as from the plain call), three launches whatever the variant does.
+cuBLAS's GEMM alone (issue 34). A CUDA graph replays every launch of the call as one. Its kernels
+are re-pointed at each call's x and a fresh output (``autofuse.serve.repoint``: a host-side update
+of their arguments), so a call is an allocation and one launch; where that cannot be trusted, or
+x is not laid out as the graph's input, x is copied into the graph's input (and, where the
+output cannot be re-pointed, the output cloned: a caller owns each output, as from the plain
+call): three launches at most, whatever the variant does.
 
 ``GraphedCall`` is what the dispatcher binds to a call key that qualifies (``graphable``): no
 gradient needed, on CUDA, a batch of at most ``MAX_BATCH``, outside training mode or for a problem
@@ -31,7 +34,11 @@ while that state holds:
 
 A capture is checked once, against a plain call on the same input: unless the replay's output
 equals it bit for bit (NaN where it has NaN), or if the capture raises (a variant that
-synchronizes the host, say), the key runs plain from then on, said once in the log.
+synchronizes the host, say), the key runs plain from then on, said once in the log. Re-pointing
+is checked too, by a second replay at the caller's x and a NaN-filled output with the graph's own
+input filled with NaN: anything the graph still read or wrote at the old addresses shows. A graph
+that reads x where no argument shows it (cuBLAS's kernels hold their operands' addresses inside
+TMA descriptors) may still write a fresh output, x copied in: two launches.
 
 *Training mode.* The buffers the forward writes (``training_updates``) are its output as much as
 the returned tensor: a replay writes them where they are, as the plain call does. So their data
@@ -55,6 +62,8 @@ import weakref
 from typing import NamedTuple
 
 import torch
+
+from autofuse.serve import repoint
 
 log = logging.getLogger("autofuse")
 
@@ -95,6 +104,8 @@ class GraphedCall:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed: str | None = None  # why this key runs plain for good
         self._x = self._out = self._state = self._seen = None
+        self._repoint: repoint.Repointer | None = None  # None: x copied in, the output cloned
+        self._reads_x = False  # whether the re-pointed graph may read a caller's x where it is
         self._written: list[torch.Tensor] = []  # the buffers a replay writes (``writes``'s tensors)
         self._stream = None
         self._watched: _Watched | None = None
@@ -112,19 +123,38 @@ class GraphedCall:
         try:
             state = self._model_state(model)
             if self.graph is not None and state == self._state and _stream(x.device) == self._stream:
-                self._x.copy_(x)
-                self.graph.replay()
+                try:
+                    out = self._replay(x)
+                except repoint.RepointError as exc:  # before the replay: nothing was written
+                    self._give_up(f"re-pointing it failed ({exc})")
+                    return self.call(model, x)
                 if self._written:
                     torch.autograd.graph.increment_version(self._written)  # as the plain call's writes do
-                return self._out.clone()
+                return out
             return self._warm(model, x, state)
         finally:
             self._lock.release()
 
+    def _replay(self, x):
+        """One replay, into a fresh output where the graph is re-pointed (reading ``x`` where it
+        is, if the graph can and x fits, else a copy in its own input), else through its own
+        input and output."""
+        if self._repoint is None:
+            self._x.copy_(x)
+            self.graph.replay()
+            return self._out.clone()
+        if not (self._reads_x and repoint.fits(x)):
+            self._x.copy_(x)
+            x = self._x
+        out = torch.empty_like(self._out)
+        self._repoint.point((x, out))
+        self.graph.replay()
+        return out
+
     def _warm(self, model, x, state):
         """A plain call, counted towards a capture while the model's state holds (capturing at the last)."""
-        if state != self._seen:
-            self.graph = self._x = self._out = None  # drop a graph of another state: its memory goes too
+        if state != self._seen:  # drop a graph of another state: its memory goes too
+            self.graph = self._x = self._out = self._repoint = None
             self._seen, self._steady = state, 0
         self._steady += 1
         if self._steady < WARM_CALLS:
@@ -160,6 +190,7 @@ class GraphedCall:
             return "its replay wrote the model's buffers differently from the plain call", None
         if self._model_state(model) != state:
             return "the call changes the model's tensors", None
+        self._repoint, self._reads_x = _repointed(graph, static_x, static_out, x, expected, written, after)
         if written:
             torch.autograd.graph.increment_version(written)
         self.graph, self._x, self._out, self._state, self._written = graph, static_x, static_out, state, written
@@ -175,12 +206,12 @@ class GraphedCall:
             self.call(model, static_x)
         torch.cuda.current_stream(static_x.device).wait_stream(side)
         _restore(written, before)
-        graph = torch.cuda.CUDAGraph()
+        graph = _new_graph()
         return graph, _captured(self.call, model, static_x, graph)
 
     def _give_up(self, why: str) -> None:
         self.failed = why
-        self.graph = self._x = self._out = None
+        self.graph = self._x = self._out = self._repoint = None
         dispatcher = self._dispatcher()
         if dispatcher is not None:
             dispatcher._say(f"{self.where}: not replayed as a CUDA graph, {why}; its calls run as they are")
@@ -218,12 +249,56 @@ class _Watched(NamedTuple):
         return cls(slots, attrs, versioned, [slot for slot, v in zip(tensor_slots, versioned) if not v])
 
 
+def _repointed(graph, static_x, static_out, x, expected, written, after) -> tuple[repoint.Repointer | None, bool]:
+    """(a Repointer for ``graph``, whether it may read x where it is), or (None, False).
+
+    Re-pointed at ``x`` and a NaN-filled fresh output, with the graph's own input filled with
+    NaN, a replay must give the plain call's output bit for bit; failing that, at its own input
+    (x copied in) and a fresh output. Each check's update of the ``written`` buffers is undone."""
+    if not (static_out.is_floating_point() and _whole_storage(static_out)) or bool(expected.isnan().any()):
+        return None, False
+    repointer = repoint.Repointer.of(graph, (static_x, static_out))
+    if repointer is None:
+        return None, False
+    for reads_x in (True, False):
+        if reads_x and not (static_x.is_floating_point() and repoint.fits(x)):
+            continue
+        fresh = torch.full_like(static_out, float("nan"))
+        if reads_x:
+            static_x.fill_(float("nan"))
+        try:
+            repointer.point((x if reads_x else static_x, fresh))
+            graph.replay()
+            same = _same(fresh, expected)
+        finally:
+            static_x.copy_(x)
+            _restore(written, after)
+        if same:
+            return repointer, reads_x
+    repointer.point((static_x, static_out))  # back at the graph's own input and output
+    return None, False
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """``t`` is the whole of its storage, laid out as ``empty_like`` lays out a fresh one."""
+    return (t.is_contiguous() and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
 def _plain(value) -> bool:
     """A value a forward may read as a constant: a number, string or None, or a tuple of them
     (a pooling layer's ``kernel_size``, a convolution's ``stride``)."""
     if isinstance(value, tuple):
         return all(isinstance(v, _PLAIN_ATTRS) for v in value)
     return isinstance(value, _PLAIN_ATTRS)
+
+
+def _new_graph() -> torch.cuda.CUDAGraph:
+    """A graph whose nodes stay readable after instantiation (``repoint`` reads them; torch 2.8+)."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return torch.cuda.CUDAGraph()
 
 
 def _captured(call, model, x, graph):

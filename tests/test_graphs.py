@@ -215,6 +215,14 @@ def test_a_repointed_replay_reads_the_callers_x_where_it_can_and_writes_a_fresh_
         assert call.graph.at[1] is outs[-1]
 
 
+def test_graphs_in_copy_mode_are_never_repointed(repointable, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPHS", "copy")
+    module, call = _state_probe("matmul_gelu_softmax")
+    xs = [torch.randn(3, 5) for _ in range(4)]
+    assert all(torch.equal(call(module, x), x * 2.0) for x in xs)
+    assert call.graph is not None and call._repoint is None and torch.equal(call._x, xs[-1])
+
+
 def test_an_x_laid_out_otherwise_is_copied_into_the_graphs_input(repointable):
     module, call = _state_probe("matmul_gelu_softmax")
     for _ in range(graphs.WARM_CALLS + 1):

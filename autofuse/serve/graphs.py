@@ -49,7 +49,8 @@ caller made one: the written buffers are saved before and restored after the war
 replay must leave them bit for bit as the plain call did. BatchNorm with ``momentum=None`` reads
 its batch count on the host, which no capture allows: such a key stays plain. Each
 graph keeps its own memory pool: the input, the output and the call's scratch at a small batch
-(22 at batch 64: its float32 logits are 2 MB). ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off.
+(22 at batch 64: its float32 logits are 2 MB). ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off,
+``AUTOFUSE_CUDA_GRAPHS=copy`` re-pointing (each replay copies x in and clones the output).
 """
 
 from __future__ import annotations
@@ -255,6 +256,8 @@ def _repointed(graph, static_x, static_out, x, expected, written, after) -> tupl
     Re-pointed at ``x`` and a NaN-filled fresh output, with the graph's own input filled with
     NaN, a replay must give the plain call's output bit for bit; failing that, at its own input
     (x copied in) and a fresh output. Each check's update of the ``written`` buffers is undone."""
+    if os.environ.get("AUTOFUSE_CUDA_GRAPHS") == "copy":
+        return None, False
     if not (static_out.is_floating_point() and _whole_storage(static_out)) or bool(expected.isnan().any()):
         return None, False
     repointer = repoint.Repointer.of(graph, (static_x, static_out))

@@ -357,3 +357,29 @@ def test_the_dispatcher_graphs_a_training_key_only_for_a_problem_that_declares_i
     assert dispatcher._bound(key, stub, key.dispatch_key("fp32", "eval"), None).writes == ()
     monkeypatch.setattr(dispatcher, "problem", dataclasses.replace(dispatcher.problem, training_updates=None))
     assert dispatcher._bound(key, stub, key.dispatch_key("fp32", "train"), None) is stub
+
+
+# -- the tuner times a batch the runtime replays as the runtime serves it --------------------------
+def test_the_tuner_times_a_replayed_key_through_its_graph_and_others_plain(fake_cuda, monkeypatch):
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Job
+
+    replayed = []
+    monkeypatch.setattr(graphs, "graphable", lambda call, batch, *rest: replayed.append(batch) or batch <= graphs.MAX_BATCH)
+    variant = EagerVariant("fp32")
+    for batch, graphed in ((8, True), (128, False)):
+        job = Job("matmul_gelu_softmax", {"batch_size": batch, "in_features": 24, "out_features": 16}, "cpu",
+                  "float32", "fp32", "any", 0)
+        state = {}
+        call = evaluate._timed_call(state, job, variant, autograd=False)
+        model, x = evaluate._timing_case(state, job)
+        with torch.no_grad():
+            want = variant(model, x)
+        holder = call.__closure__ and next((c.cell_contents for c in call.__closure__
+                                            if isinstance(c.cell_contents, graphs.GraphedCall)), None)
+        assert (holder is not None) == graphed and torch.equal(call(), want)
+        if graphed:  # warmed until captured: each timed call is a replay
+            replays = holder.graph.replays
+            call()
+            assert holder.graph.replays == replays + 1
+    assert replayed == [8, 128]

@@ -113,6 +113,15 @@ class GraphedCall:
         self._steady = 0
         self._lock = threading.Lock()  # one caller at a time may use the graph's input and output
 
+    @classmethod
+    def standalone(cls, call, model, writes: tuple[str, ...] = ()) -> GraphedCall:
+        """A GraphedCall of ``call`` on ``model`` outside any dispatcher: what the tuner times at
+        a batch the runtime replays (``autofuse.tuning.timed_call.replayed_call``)."""
+        owner = _Standalone(model)
+        graphed = cls(owner, call, f"{getattr(call, 'name', type(call).__name__)} timed", writes)
+        graphed._owner = owner  # the weak reference's target lives as long as the call
+        return graphed
+
     def __getattr__(self, name):
         if name == "call":  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
@@ -227,6 +236,29 @@ class GraphedCall:
         tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version if versioned else None)
                         for (d, name), versioned in zip(slots[params.start:], self._watched.versioned))
         return tensors, tuple(d.get(k) for d, k in self._watched.attrs)
+
+
+def model_slots(model) -> tuple[tuple, slice]:
+    """``(dict, name)`` of each submodule, parameter and buffer of ``model`` (``module._modules``,
+    ``._parameters``, ``._buffers``), in that order, and the slice of them that holds parameters."""
+    modules = tuple(model.modules())
+    groups = [[(getattr(m, where), name) for m in modules for name in getattr(m, where)]
+              for where in ("_modules", "_parameters", "_buffers")]
+    first = len(groups[0])
+    return tuple(groups[0] + groups[1] + groups[2]), slice(first, first + len(groups[1]))
+
+
+class _Standalone:
+    """What a GraphedCall asks of its dispatcher, for one model it alone serves."""
+
+    def __init__(self, model):
+        self._slots = model_slots(model)
+
+    def state_slots(self, model) -> tuple[tuple, slice]:
+        return self._slots
+
+    def _say(self, message: str) -> None:
+        log.info(message)
 
 
 class _Watched(NamedTuple):

@@ -229,12 +229,7 @@ class Dispatcher:
         holds then, a tensor swapped into those dicts directly (``torch.func.functional_call``)
         included; cached like the parameters."""
         if self._slots_seen != _registrations[0]:
-            modules = tuple(model.modules())
-            groups = [[(getattr(m, where), name) for m in modules for name in getattr(m, where)]
-                      for where in ("_modules", "_parameters", "_buffers")]
-            first = len(groups[0])
-            self._slots_seen = _registrations[0]
-            self._slots = (tuple(groups[0] + groups[1] + groups[2]), slice(first, first + len(groups[1])))
+            self._slots_seen, self._slots = _registrations[0], graphs.model_slots(model)
         return self._slots
 
     def call_key(self, model, x) -> CallKey | None:

@@ -13,7 +13,8 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
 from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
-from autofuse.tuning.timed_call import forward_call, training_call
+from autofuse.serve import graphs
+from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
 
 BASELINE = "eager-baseline"
@@ -101,9 +102,14 @@ def gemm_floor(state: dict, job: Job) -> Timing | None:
 
 def _timed_call(state: dict, job: Job, variant, autograd: bool):
     """A zero-argument call of ``variant`` on KernelBench's own input (torch.rand, default init):
-    a forward without autograd, or a training step (``autofuse.tuning.timed_call``) for the autograd entry."""
+    a forward without autograd (replayed as a CUDA graph where the runtime would replay it), or a
+    training step (``autofuse.tuning.timed_call``) for the autograd entry."""
     model, x = _timing_case(state, job)
     if not autograd:
+        problem = registry.get_problem(job.problem)
+        batch, updates = job.shape.get(problem.batch_dim, 0), problem.training_updates
+        if graphs.graphable(variant, batch, x.device, False, job.mode, updates):
+            return replayed_call(variant, model, x, updates if job.mode == "train" else ())
         return forward_call(variant, model, x)
     return training_call(variant, model, x, state.setdefault("upstream", {}), variant.precision)
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from autofuse.core.precision import math_mode
+from autofuse.serve import graphs
 
 # The upstream gradient's seed: fixed, so every run and every candidate sees the same one.
 UPSTREAM_SEED = 20261123
@@ -46,6 +47,20 @@ def forward_call(run: Callable, model: nn.Module, x: torch.Tensor) -> Callable[[
     def call():
         with torch.no_grad():
             return run(model, x)
+    return call
+
+
+def replayed_call(run: Callable, model: nn.Module, x: torch.Tensor,
+                  writes: tuple[str, ...] = ()) -> Callable[[], torch.Tensor]:
+    """``run(model, x)`` as the runtime serves a key it replays as a CUDA graph
+    (``autofuse.serve.graphs``; ``writes``: the buffers a training-mode forward writes), warmed
+    until captured: where the runtime replays, a candidate's time is its replay's, re-pointed at
+    x or paying the copies its graph needs (cuBLAS's GEMM at 1×8192² bf16: 47 µs; its graph's
+    copies and their gaps: 3-9 µs more, benchmarks/analysis.md)."""
+    graphed = graphs.GraphedCall.standalone(run, model, writes)
+    call = forward_call(graphed, model, x)
+    for _ in range(graphs.WARM_CALLS + 1):
+        call()
     return call
 
 

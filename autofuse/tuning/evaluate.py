@@ -11,9 +11,9 @@ from autofuse.core import registry
 from autofuse.core.precision import math_mode, parse_dtype
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
+from autofuse.serve import graphs
 from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
-from autofuse.serve import graphs
 from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
 

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch-classes-only", action="store_true",
                       help="search nothing: add the batch classes of the entries the table holds for the key "
                            "(one tuned before batch classes, or with --no-batch-classes)")
+    tune.add_argument("--rungs", type=_batches_arg, metavar="B1,B2,...",
+                      help="race only the batch classes at these batches, leaving the others as the table holds them "
+                           "(e.g. 1,8,64: the ones the runtime replays as CUDA graphs)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 
@@ -153,7 +156,7 @@ def _tune(args) -> None:
                    trial_timeout=args.trial_timeout, variants=args.variants,
                    autograd_entry=not args.no_autograd_entry, storage=args.storage, workers=args.workers,
                    progress=not args.no_progress, budget=args.budget, batch_classes=args.batch_classes,
-                   classes_only=args.batch_classes_only)
+                   classes_only=args.batch_classes_only, rungs=args.rungs)
     for result in results:
         _print_result(result)
 

@@ -345,6 +345,39 @@ def test_classes_only_adds_the_batch_classes_of_the_entry_the_table_holds_and_se
     assert 16 in after["gated_batches"]
 
 
+def test_rungs_races_only_the_batch_classes_named_and_keeps_the_others_and_their_gated_batches(tmp_path, monkeypatch):
+    from autofuse.tuning import worker as worker_module
+
+    table = tmp_path / "t.json"
+    kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], autograd_entry=False, progress=False,
+                  table=table)
+    autofuse.tune("matmul_gelu_softmax", TUNED, **kwargs)
+    before = entries_by_batch(table)
+    assert sorted(before) == [1, 8, 16, 32]
+    shapes = []
+    real_call = worker_module.Worker.call
+    monkeypatch.setattr(worker_module.Worker, "call", lambda self, op, payload, timeout: shapes.append(
+        payload[0].shape["batch_size"]) or real_call(self, op, payload, timeout))
+    autofuse.tune("matmul_gelu_softmax", TUNED, classes_only=True, rungs=[1], **kwargs)
+    after = entries_by_batch(table)
+    assert shapes and set(shapes) == {1}, shapes
+    assert after[8] == before[8] and after[32] == before[32]  # not raced: as the table held them
+    assert after[1]["date"] >= before[1]["date"] and after[1]["rung_of"] == before[1]["rung_of"]
+    # The entry at B keeps the batches its configuration passed at the rungs not raced again.
+    kept = set(before[16]["gated_batches"]) - {1}
+    assert kept <= set(after[16]["gated_batches"]) and 8 in kept
+
+
+def test_rungs_must_be_batch_classes_of_the_shape(tmp_path):
+    kwargs = dict(device="cpu", variants=["eager"], progress=False, table=tmp_path / "t.json")
+    with pytest.raises(autofuse.InputError, match=r"no batch class at \[16\]: its rungs are \[1, 8, 32\]"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, rungs=[1, 16], **kwargs)
+    with pytest.raises(autofuse.InputError, match="needs batch_classes on"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, rungs=[1], batch_classes=False, **kwargs)
+    with pytest.raises(autofuse.InputError, match="list of batch sizes"):
+        autofuse.tune("matmul_gelu_softmax", TUNED, rungs="1,8", **kwargs)
+
+
 def test_classes_only_refuses_a_key_the_table_does_not_hold(tmp_path):
     kwargs = dict(device="cpu", variants=["eager"], progress=False, table=tmp_path / "t.json", classes_only=True)
     with pytest.raises(autofuse.InputError, match="holds no usable entry"):

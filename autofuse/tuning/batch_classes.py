@@ -254,7 +254,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     """Race each batch class's candidates for the forward and the autograd entry (``entries``, the
     tune's at B); return the table items to record: the rungs' choices, and the entries at B with the
     batches where their configuration passed the gate (``gated_batches``), widened by ``bridge``."""
-    work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched)
+    work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched, plan.rungs)
     total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
     items = []
     # Every rung's new specializations (batches of 1 and not a multiple of 16, the small tiles)
@@ -275,8 +275,9 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                                      get_budget(plan.budget), said))
             raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
-            if searched.kept:  # the rungs left as they were keep what they found
-                passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
+            if searched.kept or plan.rungs:  # the rungs left as they were keep what they found
+                raced_here = {r.batch for r in done}
+                passed = sorted(set(passed) | {b for b in entry.get("gated_batches") or () if b not in raced_here})
             entry["gated_batches"] = passed
             kept = _kept_rungs(table, fingerprint, prob, shape, dkey, job.mode)
             raced_at = {parse_shape_key(item[2])[prob.batch_dim]: item[4] for item in raced}
@@ -337,8 +338,10 @@ def _held(table, fingerprint, prob, shape: dict, dkey) -> dict | None:
         return None
 
 
-def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, searched: Searched) -> list[tuple]:
-    """(entry at B, its dispatch key, its ladder, [(rung shape, candidates)]) for each entry of the tune."""
+def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, searched: Searched,
+          only: tuple[int, ...] | None = None) -> list[tuple]:
+    """(entry at B, its dispatch key, its ladder, [(rung shape, candidates)]) for each entry of the
+    tune; ``only``: the rungs at those batches alone."""
     work = []
     for entry, autograd in zip(entries, (False, True)):
         if entry is None:
@@ -347,7 +350,7 @@ def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, se
         ladder = build_ladder(prob.name, entry, [] if autograd else searched.ranked(), searched.spaces,
                               _stricter_params(table, fingerprint, prob, shape, dkey, entry), job.precision,
                               budget, autograd)
-        rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode)]
+        rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode) if only is None or b in only]
         rungs = [at for at in rungs if not _rung_done(table, fingerprint, prob, at, dkey, shape, searched)]
         work.append((entry, dkey, ladder,
                      [(at, rung_candidates(ladder, prob, at, job.device, job.precision, budget, job.mode))

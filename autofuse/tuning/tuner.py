@@ -22,7 +22,7 @@ import pathlib
 import random
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -82,6 +82,7 @@ class Plan:
     budget: str = "quick"
     batch_classes: bool = True  # also gate and time the shape family's other batch classes
     classes_only: bool = False  # no search: add the batch classes of the entries the table holds
+    rungs: tuple[int, ...] | None = None  # race only these batch classes (None: all of them)
     backend: object = dataclasses.field(default=None, compare=False)  # the opened storage
 
     def to_json(self) -> dict:
@@ -93,7 +94,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
          n_trials: int | None = None, timeout: float | None = None, table=None, seed: int | None = None,
          trial_timeout: float = 600.0, variants: list[str] | None = None, autograd_entry: bool = True,
          storage=None, workers: int = 1, progress: bool = True, budget: str = "quick",
-         batch_classes: bool = True, classes_only: bool = False) -> list[TuneResult]:
+         batch_classes: bool = True, classes_only: bool = False,
+         rungs: Sequence[int] | None = None) -> list[TuneResult]:
     """Tune ``problem`` at ``shape`` (default: each of its default shapes, which on the CPU must be
     CPU-sized: ``placement``); see the module docstring.
 
@@ -106,8 +108,10 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     at the family's other batch classes (``autofuse.tuning.batch_classes``), each written as an entry
     of its own. ``classes_only`` searches nothing: it adds the batch classes of the entries the table
     already holds for each shape's key (a key tuned before batch classes existed, or without them),
-    the rungs' races alone, which the search at B would have been followed by anyway. Returns one
-    TuneResult per shape.
+    the rungs' races alone, which the search at B would have been followed by anyway. ``rungs``
+    races only the batch classes at those batches (each one of every shape's rungs), leaving the
+    others as the table holds them: e.g. the ones the runtime replays as CUDA graphs, raced again
+    after a change to how replays run. Returns one TuneResult per shape.
     """
     prob = registry.get_problem(problem)
     _check_limits(n_trials, timeout, trial_timeout)
@@ -123,13 +127,30 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     if classes_only and not (batch_classes and prob.batch_dim is not None):
         raise InputError(f"classes_only adds batch classes: it needs batch_classes on and a problem with a batch "
                          f"dimension ({prob.name}: {prob.batch_dim})")
+    rungs = _check_rungs(prob, shapes, settings["mode"], rungs, batch_classes)
     plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
-                bool(batch_classes), bool(classes_only), backend=open_storage(storage))  # a bad URL fails here
+                bool(batch_classes), bool(classes_only), rungs, backend=open_storage(storage))  # a bad URL fails here
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
         if classes_only:
             return [_add_classes(prob, s, settings, worker, table, plan) for s in shapes]
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
+
+
+def _check_rungs(prob: Problem, shapes: list[dict], mode: str, rungs, classes_on: bool) -> tuple[int, ...] | None:
+    """``rungs`` as a tuple, once each is a batch class of every shape to tune (before any work)."""
+    if rungs is None:
+        return None
+    if not classes_on:
+        raise InputError("rungs picks batch classes to race: it needs batch_classes on")
+    if isinstance(rungs, (str, int)) or not all(isinstance(b, int) and not isinstance(b, bool) for b in rungs):
+        raise InputError(f"rungs must be a list of batch sizes, got {rungs!r}")
+    for shape in shapes:
+        ladder = batch_classes.rung_batches(prob, shape, mode)
+        if missing := sorted(set(rungs) - set(ladder)):
+            raise InputError(f"{prob.name} {prob.shape_str(shape)} has no batch class at {missing}: its rungs "
+                             f"are {ladder}")
+    return tuple(sorted(set(rungs)))
 
 
 def _check_limits(n_trials, timeout, trial_timeout) -> None:

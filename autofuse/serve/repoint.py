@@ -8,8 +8,10 @@ CUDA lets an instantiated graph's kernel node take new arguments
 (``cuGraphExecKernelNodeSetParams``): a host-side update, no launch. ``Repointer.of`` finds, once
 per graph, every kernel argument holding an address inside the graph's input or output storage:
 an 8-byte value at an 8-byte boundary of the parameter space (the ABI aligns pointers naturally,
-inside by-value structs too, as cuBLAS passes them) that lies within the storage. Before each
-replay, ``point`` writes the caller's addresses, at the same offsets, into those arguments.
+inside by-value structs too) that lies within the storage. Before each replay, ``point`` writes
+the caller's addresses, at the same offsets, into those arguments. A node whose arguments come
+packed (cuBLAS's kernels, whose operands' addresses also sit inside TMA descriptors) is left as it
+was captured.
 
 What it cannot see it must not trust: an address held elsewhere (a memcpy node, a pointer in
 device memory, a TMA descriptor's encoded address, an end pointer one past the storage) would go

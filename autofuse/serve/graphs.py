@@ -233,9 +233,10 @@ class GraphedCall:
         slots, params = dispatcher.state_slots(model)
         if self._watched is None or self._watched.slots is not slots:
             self._watched = _Watched.of(model, slots, params, self.writes)
-        tensors = tuple(None if (t := d[name]) is None else (t.data_ptr(), t._version if versioned else None)
-                        for (d, name), versioned in zip(slots[params.start:], self._watched.versioned))
-        return tensors, tuple(d.get(k) for d, k in self._watched.attrs)
+        # Lists, not tuples of generators: this runs on every call (a third of the replay path's host time).
+        tensors = [None if (t := d[name]) is None else (t.data_ptr(), t._version if versioned else None)
+                   for d, name, versioned in self._watched.tensor_slots]
+        return tensors, [d.get(k) for d, k in self._watched.attrs]
 
 
 def model_slots(model) -> tuple[tuple, slice]:
@@ -269,6 +270,7 @@ class _Watched(NamedTuple):
     attrs: list  # (a module's __dict__, name) of each plain attribute
     versioned: tuple[bool, ...]  # per tensor slot: whether its version counter is part of the state
     written: list  # (dict, name) of each slot the call writes (``GraphedCall.writes``)
+    tensor_slots: list  # (dict, name, versioned) of each tensor slot, as ``_model_state`` reads them
 
     @classmethod
     def of(cls, model, slots: tuple, params: slice, writes: tuple[str, ...]) -> _Watched:
@@ -279,7 +281,8 @@ class _Watched(NamedTuple):
                    if path in owners}
         tensor_slots = slots[params.start:]
         versioned = tuple((id(d), name) not in written for d, name in tensor_slots)
-        return cls(slots, attrs, versioned, [slot for slot, v in zip(tensor_slots, versioned) if not v])
+        return cls(slots, attrs, versioned, [slot for slot, v in zip(tensor_slots, versioned) if not v],
+                   [(d, name, v) for (d, name), v in zip(tensor_slots, versioned)])
 
 
 def _repointed(graph, static_x, static_out, x, expected, written, after) -> tuple[repoint.Repointer | None, bool]:

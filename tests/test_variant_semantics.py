@@ -190,3 +190,10 @@ def test_bfloat16_model_gives_bfloat16(problem, mode, name):
         got = variant(problem, name, "bf16")(twin(model).to(torch.bfloat16), x.bfloat16())
     assert got.dtype == torch.bfloat16
     assert torch.isfinite(got).all() and (got.double() - want).norm() <= 0.1 * want.norm()
+
+
+def test_every_variant_says_what_it_is_the_bare_baseline_too():
+    from autofuse.core.variant import EagerVariant
+
+    assert repr(EagerVariant("bf16")) == "<-/EagerVariant bf16>"  # the tuner's baseline: no problem, no name
+    assert repr(registry.get_variant("gemm_bn", "simplified")("tf32")) == "<gemm_bn/simplified tf32>"

@@ -166,7 +166,9 @@ class Variant:
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
-        return f"<{self.problem}/{self.name} {self.precision} {params}>".replace(" >", ">")
+        # The bare EagerVariant (the tuner's baseline) belongs to no problem and has no name.
+        where = f"{getattr(self, 'problem', '-')}/{getattr(self, 'name', type(self).__name__)}"
+        return f"<{where} {self.precision} {params}>".replace(" >", ">")
 
 
 @functools.cache

@@ -374,8 +374,9 @@ def test_rungs_must_be_batch_classes_of_the_shape(tmp_path):
         autofuse.tune("matmul_gelu_softmax", TUNED, rungs=[1, 16], **kwargs)
     with pytest.raises(autofuse.InputError, match="needs batch_classes on"):
         autofuse.tune("matmul_gelu_softmax", TUNED, rungs=[1], batch_classes=False, **kwargs)
-    with pytest.raises(autofuse.InputError, match="list of batch sizes"):
-        autofuse.tune("matmul_gelu_softmax", TUNED, rungs="1,8", **kwargs)
+    for wrong in ("1,8", []):
+        with pytest.raises(autofuse.InputError, match="non-empty list of batch sizes"):
+            autofuse.tune("matmul_gelu_softmax", TUNED, rungs=wrong, **kwargs)
 
 
 def test_classes_only_refuses_a_key_the_table_does_not_hold(tmp_path):

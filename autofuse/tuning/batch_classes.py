@@ -275,7 +275,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                                      get_budget(plan.budget), said))
             raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
-            if searched.kept or plan.rungs:  # the rungs left as they were keep what they found
+            if searched.kept or plan.rungs is not None:  # the rungs left as they were keep what they found
                 raced_here = {r.batch for r in done}
                 passed = sorted(set(passed) | {b for b in entry.get("gated_batches") or () if b not in raced_here})
             entry["gated_batches"] = passed

@@ -143,8 +143,9 @@ def _check_rungs(prob: Problem, shapes: list[dict], mode: str, rungs, classes_on
         return None
     if not classes_on:
         raise InputError("rungs picks batch classes to race: it needs batch_classes on")
-    if isinstance(rungs, (str, int)) or not all(isinstance(b, int) and not isinstance(b, bool) for b in rungs):
-        raise InputError(f"rungs must be a list of batch sizes, got {rungs!r}")
+    if isinstance(rungs, (str, int)) or not rungs or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                             for b in rungs):
+        raise InputError(f"rungs must be a non-empty list of batch sizes, got {rungs!r}")
     for shape in shapes:
         ladder = batch_classes.rung_batches(prob, shape, mode)
         if missing := sorted(set(rungs) - set(ladder)):

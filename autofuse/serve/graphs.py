@@ -37,8 +37,9 @@ equals it bit for bit (NaN where it has NaN), or if the capture raises (a varian
 synchronizes the host, say), the key runs plain from then on, said once in the log. Re-pointing
 is checked too, by a second replay at the caller's x and a NaN-filled output with the graph's own
 input filled with NaN: anything the graph still read or wrote at the old addresses shows. A graph
-that reads x where no argument shows it (cuBLAS's kernels hold their operands' addresses inside
-TMA descriptors) may still write a fresh output, x copied in: two launches.
+that reads x where no argument shows it (cuBLAS's Hopper kernels take their arguments packed, x's
+address not among them as such: inside TMA descriptors, it seems) may still write a fresh output,
+x copied in: two launches.
 
 *Training mode.* The buffers the forward writes (``training_updates``) are its output as much as
 the returned tensor: a replay writes them where they are, as the plain call does. So their data

@@ -10,8 +10,8 @@ per graph, every kernel argument holding an address inside the graph's input or 
 an 8-byte value at an 8-byte boundary of the parameter space (the ABI aligns pointers naturally,
 inside by-value structs too) that lies within the storage. Before each replay, ``point`` writes
 the caller's addresses, at the same offsets, into those arguments. A node whose arguments come
-packed (cuBLAS's kernels, whose operands' addresses also sit inside TMA descriptors) is left as it
-was captured.
+packed (cuBLAS's Hopper kernels: one 1,720-byte blob on an H100, in which x's address does not
+show as such, inside TMA descriptors it seems) is left as it was captured.
 
 What it cannot see it must not trust: an address held elsewhere (a memcpy node, a pointer in
 device memory, a TMA descriptor's encoded address, an end pointer one past the storage) would go
@@ -156,7 +156,7 @@ def _kernel_node(driver, node: int, ranges):
         return False
     params = _KernelNodeParams()
     _check(driver["get"](node, ctypes.byref(params)), "cuGraphKernelNodeGetParams")
-    if params.extra:  # cuBLAS's kernels: arguments packed, addresses inside TMA descriptors
+    if params.extra:  # cuBLAS's kernels: arguments packed (operand addresses not shown as such)
         return False
     layout = _parameter_layout(driver, params)
     if layout is None or (layout and not params.kernel_params):

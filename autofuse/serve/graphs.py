@@ -79,6 +79,11 @@ def enabled() -> bool:
     return os.environ.get("AUTOFUSE_CUDA_GRAPHS", "1") != "0"
 
 
+def repointing() -> bool:
+    """Whether a new graph may be re-pointed: ``AUTOFUSE_CUDA_GRAPHS`` is not "copy"."""
+    return os.environ.get("AUTOFUSE_CUDA_GRAPHS", "1") != "copy"
+
+
 def graphable(call, batch: int, device: torch.device, autograd: bool, mode: str,
               training_updates: tuple[str, ...] | None = None) -> bool:
     """Whether a call key bound to ``call`` (a variant) qualifies for a ``GraphedCall`` (module
@@ -292,7 +297,7 @@ def _repointed(graph, static_x, static_out, x, expected, written, after) -> tupl
     Re-pointed at ``x`` and a NaN-filled fresh output, with the graph's own input filled with
     NaN, a replay must give the plain call's output bit for bit; failing that, at its own input
     (x copied in) and a fresh output. Each check's update of the ``written`` buffers is undone."""
-    if os.environ.get("AUTOFUSE_CUDA_GRAPHS") == "copy":
+    if not repointing():
         return None, False
     if not (static_out.is_floating_point() and _whole_storage(static_out)) or bool(expected.isnan().any()):
         return None, False

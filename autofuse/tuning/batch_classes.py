@@ -104,7 +104,7 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
     """What the rung at ``shape`` races, each valid there and once: the winner first (gated first
     where timings tie, and always under the ``full`` budget). At a rung whose calls the runtime
     replays as CUDA graphs (``graphs.replayed_key``), only ``capturable`` candidates where any is:
-    the race times the GPU, and a replay costs the host three launches, while a call that cannot
+    the race times the GPU, and a replay costs the host one to three launches, while a call that cannot
     be captured pays its whole host path on top (H100, gemm_bn training 32×4096² bf16: a
     ``compiled`` entry, 32 µs of GPU time, took 411 µs of wall a call)."""
     device_type = (on := torch.device(device)).type
@@ -275,7 +275,9 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                                      get_budget(plan.budget), said))
             raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
-            if searched.kept or plan.rungs is not None:  # the rungs left as they were keep what they found
+            if searched.kept:  # the rungs left as they were keep what they found
+                passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
+            elif plan.rungs is not None:  # so do the rungs ``--rungs`` left out
                 raced_here = {r.batch for r in done}
                 passed = sorted(set(passed) | {b for b in entry.get("gated_batches") or () if b not in raced_here})
             entry["gated_batches"] = passed

@@ -58,13 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-autograd-entry", action="store_true", help="skip the entry for calls that need gradients")
     tune.add_argument("--batch-classes", action=argparse.BooleanOptionalAction, default=True,
                       help="also gate and time entries for the shape's other batch classes: the smallest batch, "
-                           "8, 64, 512 ... below it and twice it (default on)")
+                           "8, 32, 64, 512 ... below it and twice it (default on)")
     tune.add_argument("--batch-classes-only", action="store_true",
                       help="search nothing: add the batch classes of the entries the table holds for the key "
                            "(one tuned before batch classes, or with --no-batch-classes)")
     tune.add_argument("--rungs", type=_batches_arg, metavar="B1,B2,...",
                       help="race only the batch classes at these batches, leaving the others as the table holds them "
-                           "(e.g. 1,8,64: the ones the runtime replays as CUDA graphs)")
+                           "(e.g. 1,8,32,64: the ones the runtime replays as CUDA graphs)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(run=_tune)
 

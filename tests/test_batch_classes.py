@@ -12,6 +12,7 @@ from helpers import assert_close, module_for, record, use_test_plugins
 import autofuse
 from autofuse.core import plugins, registry
 from autofuse.kernels.triton import variant as triton_variant
+from autofuse.serve import dispatch
 from autofuse.serve.table import DispatchKey, DispatchTable
 from autofuse.tuning import batch_classes
 from autofuse.tuning.budget import BUDGETS
@@ -36,8 +37,19 @@ def entries_by_batch(path, problem="matmul_gelu_softmax", key="dtype=float32,pre
     ("matmul_gelu_softmax", 1, "any", [2]),
 ])
 def test_the_rungs_are_the_smallest_batch_powers_of_8_below_and_twice_the_tuned_one(problem, shape, mode, want):
+    """The autograd ladder's; the forward's also stops at 32 where 32 lies strictly inside it."""
     prob = registry.get_problem(problem)
-    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": shape}, mode) == want
+    tuned = {**TUNED, "batch_size": shape}
+    assert batch_classes.rung_batches(prob, tuned, mode, autograd=True) == want
+    inside = [b for b in batch_classes.MEMORY_BOUND_RUNGS if batch_classes.smallest_batch(prob, mode) < b < shape]
+    assert batch_classes.rung_batches(prob, tuned, mode) == sorted(want + inside)
+
+
+def test_the_forward_ladder_has_a_rung_at_32_where_tiles_of_32_rows_serve():
+    prob = registry.get_problem("gemm_bn")
+    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 1024}, "train") == [2, 8, 32, 64, 512, 2048]
+    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 32}, "eval") == [1, 8, 64]
+    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 33}, "eval") == [1, 8, 32, 66]
 
 
 def test_a_small_rung_races_small_tiles_and_a_restricted_winner_its_stricter_precision():
@@ -100,6 +112,16 @@ def test_each_batch_is_served_by_the_nearest_entry_gated_around_it(monkeypatch):
             (tf32, "tf32", f"batch_size=64,in_features={IN},out_features={OUT}"), served[batch]
     assert (served[128]["source"], served[128]["rung_of"]) == ("tuned", f"batch_size=64,in_features={IN},out_features={OUT}")
     assert served[200]["params"] == fp32, served[200]  # past every gated batch of round_host
+
+
+def test_at_equal_distance_the_smaller_batch_serves_first_whatever_the_table_order():
+    """16 lies as far from the rung at 8 as from 32; the table's sorted keys put 32 first."""
+    key = "dtype=float32,precision=bf16,mode=any,autograd=false"
+    shapes = {f"batch_size={b},in_features={IN},out_features={OUT}": {key: {"variant": f"at{b}"}}
+              for b in (1024, 32, 64, 8)}
+    order = dispatch._by_batch_distance(shapes, {"batch_size": 16, "in_features": IN, "out_features": OUT}, key,
+                                        "batch_size")
+    assert [entry["variant"] for _, entry in order] == ["at8", "at32", "at64", "at1024"]
 
 
 @needs_triton
@@ -428,7 +450,7 @@ def test_the_small_batch_tiles_pass_the_gate_on_the_gpu(problem, mode, precision
 @needs_triton
 @pytest.mark.parametrize("precision", ["tf32", "fp32", "bf16"])
 def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path, precision):
-    """A tune at 256 writes rungs at 1, 8, 64 and 512; every batch from 1 to 512 is then served by
+    """A tune at 256 writes rungs at 1, 8, 32, 64 and 512; every batch from 1 to 512 is then served by
     a table entry (never "no entry" or "unusable entry": the reference untuned), within the
     precision's tolerance of float64."""
     shape = {"batch_size": 256, "in_features": 1024, "out_features": 1024}
@@ -438,7 +460,7 @@ def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path,
                              n_trials=6)
     key = f"dtype=float32,precision={precision},mode=any,autograd=false"
     entries = entries_by_batch(table, key=key)
-    assert sorted(entries) == [1, 8, 64, 256, 512], sorted(entries)
+    assert sorted(entries) == [1, 8, 32, 64, 256, 512], sorted(entries)
     print(f"\n{precision}: tuned in {result.seconds:.0f} s; " + "; ".join(
         f"{b}: {e['variant']} {e.get('runs_at', '')} {e['median_ms']:.4g} ms (eager {e['eager_ms']:.4g})"
         for b, e in sorted(entries.items())))

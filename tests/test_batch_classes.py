@@ -543,6 +543,39 @@ def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_th
     assert "--batch-classes-only --no-autograd-entry" in capsys.readouterr().out
 
 
+def test_the_gaps_script_lists_ladders_that_lack_a_rung_and_the_tune_that_races_only_those(tmp_path, capsys):
+    """A family tuned before its ladder had a rung at 32: ``--missing-rungs`` lists it with a
+    ``--rungs 32`` tune of its forward entry; a rung there, or an entry tuned there directly, ends
+    that; an autograd entry (whose ladder has no 32) is never listed; the default listing is not
+    changed by it (every batch is served)."""
+    script = _gaps_script()
+    key, grad = "dtype=float32,precision=bf16,mode=any,autograd=false", "dtype=float32,precision=bf16,mode=any,autograd=true"
+
+    def at(batch):
+        return f"batch_size={batch},in_features=64,out_features=32"
+
+    def entry(**extra):
+        return {"variant": "eager", "params": {}, "candidates": {"eager": {}, "simplified": {}}, **extra}
+
+    family = {at(1024): {key: entry(), grad: entry()}}
+    for batch in (1, 8, 64, 512, 2048):
+        family[at(batch)] = {key: entry(rung_of=at(1024)), grad: entry(rung_of=at(1024))}
+    doc = {"schema": 1, "version": 1, "devices": {"cuda|X": {"fingerprint": {}, "problems": {
+        "matmul_gelu_softmax": family}}}}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(doc))
+    assert script.missing_rungs(doc) == [("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [32])]
+    assert script.main(["--table", str(table), "--missing-rungs"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1 tuned forward keys whose batch classes lack rungs in {table}"), out
+    assert (f"autofuse tune matmul_gelu_softmax --shape {at(1024)} --dtype float32 --precision bf16 "
+            f"--variants eager,simplified --batch-classes-only --no-autograd-entry --rungs 32 --table {table}") in out
+    assert script.main(["--table", str(table)]) == 0
+    assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes")
+    family[at(32)] = {key: entry()}  # tuned there directly: as good as a rung
+    assert script.missing_rungs(doc) == []
+
+
 def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_failure(tmp_path, capsys, monkeypatch):
     table = tmp_path / "t.json"
     kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], progress=False, table=table)
@@ -570,6 +603,26 @@ def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_fa
     assert capsys.readouterr().out.startswith("1 tuned forward keys without batch classes or with unserved")
     assert script.main(["--table", str(table)]) == 0
     assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes or with unserved")
+
+
+def test_the_gaps_script_races_a_missing_rung_and_leaves_the_others(tmp_path, capsys):
+    table = tmp_path / "t.json"
+    shape = {**TUNED, "batch_size": 64}
+    autofuse.tune("matmul_gelu_softmax", shape, device="cpu", seed=5, variants=["eager", "simplified"],
+                  progress=False, table=table, autograd_entry=False)
+    before = entries_by_batch(table)
+    assert sorted(before) == [1, 8, 32, 64, 128]
+    doc = json.loads(table.read_text())
+    [device] = doc["devices"].values()
+    del device["problems"]["matmul_gelu_softmax"][",".join(f"{k}={v}" for k, v in {**shape, "batch_size": 32}.items())]
+    table.write_text(json.dumps(doc))
+    script = _gaps_script()
+    assert script.main(["--table", str(table), "--missing-rungs", "--run"]) == 0
+    assert "--rungs 32" in capsys.readouterr().out
+    after = entries_by_batch(table)
+    assert sorted(after) == [1, 8, 32, 64, 128] and after[32]["rung_of"] == before[32]["rung_of"]
+    assert all(after[b] == before[b] for b in (1, 8, 128))  # not raced again
+    assert script.missing_rungs(json.loads(table.read_text())) == []
 
 
 def test_a_rung_the_runtime_replays_as_a_graph_races_only_candidates_it_can_capture(with_compiled):

@@ -16,6 +16,10 @@ whose configurations passed the gate only where gated, before ``batch_classes.br
 command adds the missing gates. ``--run`` runs them one after another into ``--table``, in this
 process, on the GPU the table was tuned on, and says of each how long it took or why it failed
 (exit status 1 if any did).
+
+``--missing-rungs`` lists instead the families whose ladder has grown since their tune (the
+forward rung at 32, ``batch_classes.MEMORY_BOUND_RUNGS``) and the ``--rungs`` tune that races only
+the missing ones: such a batch is served meanwhile by its nearest rung, correct but slower.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import sys
 from autofuse.core import registry
 from autofuse.errors import AutofuseError
 from autofuse.serve.dispatch import serving
-from autofuse.serve.table import DispatchKey, parse_shape_key
-from autofuse.tuning.batch_classes import smallest_batch
+from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
+from autofuse.tuning.batch_classes import rung_batches, smallest_batch
 
 
 def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
@@ -54,6 +58,28 @@ def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
                     elif any(unserved(shapes, problem, shape, k) for k in (key, grad_key if grad else None) if k):
                         holed.append(listed)
     return found + holed
+
+
+def missing_rungs(doc: dict) -> list[tuple[str, str, str, list[str], list[int]]]:
+    """(problem, shape key, dispatch key, variants raced, batches) of each tuned forward entry with
+    batch classes whose ladder (``rung_batches``) has batches that hold no entry at its key."""
+    found = []
+    for device in doc["devices"].values():
+        for problem, shapes in device["problems"].items():
+            prob = registry.get_problem(problem)
+            rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
+            for shape, keys in sorted(shapes.items()):
+                for dkey, entry in sorted(keys.items()):
+                    key = DispatchKey.from_str(dkey)
+                    if "rung_of" in entry or key.autograd or (shape, dkey) not in rungs:
+                        continue
+                    tuned = parse_shape_key(shape)
+                    missing = [b for b in rung_batches(prob, tuned, key.mode)
+                               if dkey not in shapes.get(shape_key({**tuned, prob.batch_dim: b}), {})]
+                    if missing:
+                        raced = sorted({entry["variant"], *(entry.get("candidates") or {})})
+                        found.append((problem, shape, dkey, raced, missing))
+    return found
 
 
 def unserved(shapes: dict, problem: str, shape: str, key: DispatchKey) -> list[int]:
@@ -83,16 +109,17 @@ def checked_batches(smallest: int, tuned: int) -> list[int]:
 
 
 def command(problem: str, shape: str, dkey: str, variants: list[str], grad: bool, table: str,
-            budget: str | None = None) -> list[str]:
+            budget: str | None = None, rungs: list[int] | None = None) -> list[str]:
     key = DispatchKey.from_str(dkey)
     mode = [] if key.mode == "any" else ["--mode", key.mode]
     return ["autofuse", "tune", problem, "--shape", shape, "--dtype", key.dtype, "--precision", key.precision, *mode,
             "--variants", ",".join(variants), "--batch-classes-only", *([] if grad else ["--no-autograd-entry"]),
+            *(["--rungs", ",".join(map(str, rungs))] if rungs else []),
             "--table", table, "--no-progress", *(["--budget", budget] if budget else [])]
 
 
 def run(problem: str, shape: str, dkey: str, variants: list[str], grad: bool, table: str,
-        budget: str | None = None) -> str:
+        budget: str | None = None, rungs: list[int] | None = None) -> str:
     """``command``'s tune, in this process: one Python, torch and autofuse start-up for all keys,
     not one each, on a GPU whose time is short."""
     import autofuse
@@ -100,7 +127,8 @@ def run(problem: str, shape: str, dkey: str, variants: list[str], grad: bool, ta
     key = DispatchKey.from_str(dkey)
     [result] = autofuse.tune(problem, parse_shape_key(shape), dtype=key.dtype, precision=key.precision,
                              mode=None if key.mode == "any" else key.mode, variants=variants, classes_only=True,
-                             autograd_entry=grad, table=table, progress=False, **({"budget": budget} if budget else {}))
+                             autograd_entry=grad, table=table, progress=False, rungs=rungs,
+                             **({"budget": budget} if budget else {}))
     return f"batch classes added in {result.seconds:.0f} s"
 
 
@@ -109,18 +137,25 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--run", action="store_true", help="run the tunes, one after another, in this process")
     ap.add_argument("--budget", choices=["quick", "full"], default=None, help="the tunes' budget (default: autofuse's)")
+    ap.add_argument("--missing-rungs", action="store_true",
+                    help="list the families whose ladder lacks rungs, and the tunes that race only those")
     args = ap.parse_args(argv)
     with open(args.table) as f:
-        found = gaps(json.load(f))
-    print(f"{len(found)} tuned forward keys without batch classes or with unserved batches in {args.table}")
+        doc = json.load(f)
+    if args.missing_rungs:
+        found = [(problem, shape, dkey, variants, False, rungs) for problem, shape, dkey, variants, rungs in missing_rungs(doc)]
+        print(f"{len(found)} tuned forward keys whose batch classes lack rungs in {args.table}")
+    else:
+        found = [(*listed, None) for listed in gaps(doc)]
+        print(f"{len(found)} tuned forward keys without batch classes or with unserved batches in {args.table}")
     failed = 0
-    for problem, shape, dkey, variants, grad in found:
+    for problem, shape, dkey, variants, grad, rungs in found:
         batch = parse_shape_key(shape)[registry.get_problem(problem).batch_dim]
-        argv_ = command(problem, shape, dkey, variants, grad, args.table, args.budget)
+        argv_ = command(problem, shape, dkey, variants, grad, args.table, args.budget, rungs)
         print(f"{problem} at batch {batch}, {dkey}:\n  {shlex.join(argv_)}", flush=True)
         if args.run:
             try:
-                print(f"  -> {run(problem, shape, dkey, variants, grad, args.table, args.budget)}", flush=True)
+                print(f"  -> {run(problem, shape, dkey, variants, grad, args.table, args.budget, rungs)}", flush=True)
             except AutofuseError as exc:  # a stale entry, a key this GPU lacks: the next key still runs
                 failed += 1
                 print(f"  -> failed: {exc}", flush=True)

@@ -96,6 +96,19 @@ def test_the_table_has_a_row_per_batch_and_marks_the_small_batch_targets():
     assert sweep_section([]) == []
 
 
+def test_a_training_batchnorm_sweep_holds_batch_2_to_the_batch_1_targets():
+    """gemm_bn in training cannot run batch 1: its sweeps measure 2, which the targets then mark."""
+    sweep = _sweep({2: (0.06, 0.05, 0.30, 0.10, 0.04), 3: (0.06, 0.05, 0.30, 0.10, 0.04)})
+    sweep.points = [p for p in sweep.points if p.rows]
+    assert "| 2 | triton" in "\n".join(sweep.markdown()) and "target 1.25" not in "\n".join(sweep.markdown())
+    sweep.problem, sweep.mode = "gemm_bn", "train"
+    assert sweep.target_batches() == (2, 32)
+    text = "\n".join(sweep.markdown())
+    assert text.count("(target 1.25: missed by 20.0%)") == 1 and text.count("(target 1.5: missed") == 1, text
+    sweep.mode = "eval"
+    assert sweep.target_batches() == (1, 32)
+
+
 def test_sweeps_round_trip_and_render_with_the_reports(tmp_path, table):
     sweeps = bench_sweep("matmul_gelu_softmax", SMALL, [2, 12], device="cpu", table=table, use_compile=False, rounds=1)
     save_sweeps(sweeps, tmp_path / "out")

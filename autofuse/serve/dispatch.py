@@ -250,8 +250,9 @@ def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: 
 def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) -> list[tuple[str, dict]]:
     """(shape key, entry) of every other batch size of ``shape``'s family (other dims equal) holding
     ``dkey``, nearest (in ratio) first; at equal distance the smaller batch: at 16, between the
-    rungs at 8 and 32, rung 8's 16-row tile was 2% faster than rung 32's 32-row one (H100, 8192²
-    bf16: 22, 99, gemm_bn eval), and the table's order, which decided before, put 32 first."""
+    rungs at 8 and 32, a 16-row tile (rung 8's triton choice) was 2% faster than a 32-row one
+    (rung 32's) (H100, 8192² bf16: 22, 99, gemm_bn eval), and the table's order, which decided
+    before, put 32 first."""
     if batch_dim is None or not shape.get(batch_dim):
         return []
     others = {k: v for k, v in shape.items() if k != batch_dim}

@@ -47,9 +47,9 @@ SMALL_BATCH = 128
 RUNG_RATIO = 8
 # The forward ladder's extra rung inside the memory-bound regime, where the best tile is as tall as
 # the batch (the triton kind's small tiles are 16, 32 and 64 rows): without it batch 32 took rung
-# 64's 64-row tile, 5-6% slower than a 32-row one (H100, 8192² bf16, tuner's timing: 22 60.2 µs
-# against 57.9, 99 64.1 against 61.0, gemm_bn eval of a bfloat16 model 55.7 against 52.4), and
-# rung 8's 16-row tile was no better (55.6-65.7). The autograd ladder races the same few
+# 64's choice, for triton a 64-row tile, 4-6% slower than a 32-row one (H100, 8192² bf16, tuner's
+# timing: 22 60.2 µs against 57.9, 99 64.1 against 61.0, gemm_bn eval of a bfloat16 model 55.7
+# against 52.4), and a 16-row tile (rung 8's) was no better (55.3-65.7). The autograd ladder races the same few
 # configurations at every rung, so it gains nothing from another.
 MEMORY_BOUND_RUNGS = (32,)
 

@@ -19,6 +19,7 @@ from autofuse.bench.floors import WEIGHT_READ
 from autofuse.bench.report import DISPATCH, BenchRow, file_stem, row_of, section
 from autofuse.bench.targets import FLOOR, FORWARD, GPU_OVER_WEIGHT_READ, SMALL_BATCHES, WALL_OVER_CUBLAS, Target
 from autofuse.core import registry
+from autofuse.tuning.batch_classes import smallest_batch
 
 WALL_PREFIX = "wall: "
 REDUCE_OVERHEAD = "torch.compile reduce-overhead"
@@ -70,7 +71,7 @@ class SweepReport:
         """The batches the small-batch targets hold at: ``SMALL_BATCHES``, where 1 is the smallest
         the mode admits (2 for a training BatchNorm, whose sweeps measure 2 for 1)."""
         problem = registry.problems().get(self.problem)
-        smallest = problem.min_train_batch if problem is not None and self.mode == "train" else 1
+        smallest = 1 if problem is None else smallest_batch(problem, self.mode)
         return tuple(smallest if batch == 1 else batch for batch in SMALL_BATCHES)
 
     def markdown(self) -> list[str]:
@@ -130,6 +131,7 @@ def _table(sweep: SweepReport) -> list[str]:
     ratios = ["dispatch / floor"] + (["wall / floor's wall", "GPU / weight read"] if wall else [])
     header = "| batch | served by | " + " | ".join(h for h, _ in columns) + " | " + " | ".join(ratios) + " |"
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    targets = sweep.target_batches()
     for point in sweep.points:
         if not point.rows:
             lines.append(f"| {point.batch} | {point.note} |" + " - |" * (len(columns) + len(ratios)))
@@ -139,7 +141,7 @@ def _table(sweep: SweepReport) -> list[str]:
         cells += [_ms(point.row(name)) for _, name in columns]
         cells.append(_ratio(point.ratio(DISPATCH, FLOOR)))
         if wall:
-            small = point.batch in sweep.target_batches()
+            small = point.batch in targets
             cells.append(_ratio(point.ratio(WALL_PREFIX + DISPATCH, WALL_PREFIX + FLOOR), WALL_OVER_CUBLAS if small else None))
             cells.append(_ratio(point.ratio(DISPATCH, WEIGHT_READ), GPU_OVER_WEIGHT_READ if small else None))
         lines.append("| " + " | ".join(cells) + " |")

@@ -274,9 +274,8 @@ class _Watched(NamedTuple):
 
     slots: tuple  # the dispatcher's (``state_slots``)
     attrs: list  # (a module's __dict__, name) of each plain attribute
-    versioned: tuple[bool, ...]  # per tensor slot: whether its version counter is part of the state
     written: list  # (dict, name) of each slot the call writes (``GraphedCall.writes``)
-    tensor_slots: list  # (dict, name, versioned) of each tensor slot, as ``_model_state`` reads them
+    tensor_slots: list  # (dict, name, versioned: its version counter is part of the state) per tensor slot
 
     @classmethod
     def of(cls, model, slots: tuple, params: slice, writes: tuple[str, ...]) -> _Watched:
@@ -285,10 +284,8 @@ class _Watched(NamedTuple):
         owners = dict(model.named_modules())
         written = {(id(owners[path]._buffers), name) for path, _, name in (w.rpartition(".") for w in writes)
                    if path in owners}
-        tensor_slots = slots[params.start:]
-        versioned = tuple((id(d), name) not in written for d, name in tensor_slots)
-        return cls(slots, attrs, versioned, [slot for slot, v in zip(tensor_slots, versioned) if not v],
-                   [(d, name, v) for (d, name), v in zip(tensor_slots, versioned)])
+        tensor_slots = [(d, name, (id(d), name) not in written) for d, name in slots[params.start:]]
+        return cls(slots, attrs, [(d, name) for d, name, versioned in tensor_slots if not versioned], tensor_slots)
 
 
 def _repointed(graph, static_x, static_out, x, expected, written, after) -> tuple[repoint.Repointer | None, bool]:

@@ -36,27 +36,38 @@ from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 from autofuse.tuning.batch_classes import rung_batches, smallest_batch
 
 
-def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
-    """(problem, shape key, dispatch key, variants raced, whether an autograd entry is beside it)
-    of each tuned forward entry without rungs, or whose autograd entry has none, then of each
-    with rungs that leaves a batch unserved (``unserved``)."""
-    found, holed = [], []
+def _tuned_forward(doc: dict):
+    """(problem, its shapes, shape key, that shape's entries, dispatch key, DispatchKey, entry, the
+    (tuned shape, dispatch key) pairs that hold rungs) of each tuned forward entry of the table,
+    in sorted order: what both listings walk."""
     for device in doc["devices"].values():
         for problem, shapes in device["problems"].items():
             rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
             for shape, keys in sorted(shapes.items()):
                 for dkey, entry in sorted(keys.items()):
                     key = DispatchKey.from_str(dkey)
-                    if "rung_of" in entry or key.autograd:
-                        continue
-                    grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True)
-                    grad = keys.get(grad_key.to_str())
-                    raced = {name for e in (entry, grad) if e for name in (e["variant"], *(e.get("candidates") or {}))}
-                    listed = (problem, shape, dkey, sorted(raced), grad is not None)
-                    if (shape, dkey) not in rungs or (grad and (shape, grad_key.to_str()) not in rungs):
-                        found.append(listed)
-                    elif any(unserved(shapes, problem, shape, k) for k in (key, grad_key if grad else None) if k):
-                        holed.append(listed)
+                    if "rung_of" not in entry and not key.autograd:
+                        yield problem, shapes, shape, keys, dkey, key, entry, rungs
+
+
+def _raced(*entries) -> list[str]:
+    """The variants ``entries`` (None skipped) raced: each one's own and its recorded candidates."""
+    return sorted({name for e in entries if e for name in (e["variant"], *(e.get("candidates") or {}))})
+
+
+def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
+    """(problem, shape key, dispatch key, variants raced, whether an autograd entry is beside it)
+    of each tuned forward entry without rungs, or whose autograd entry has none, then of each
+    with rungs that leaves a batch unserved (``unserved``)."""
+    found, holed = [], []
+    for problem, shapes, shape, keys, dkey, key, entry, rungs in _tuned_forward(doc):
+        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True)
+        grad = keys.get(grad_key.to_str())
+        listed = (problem, shape, dkey, _raced(entry, grad), grad is not None)
+        if (shape, dkey) not in rungs or (grad and (shape, grad_key.to_str()) not in rungs):
+            found.append(listed)
+        elif any(unserved(shapes, problem, shape, k) for k in (key, grad_key if grad else None) if k):
+            holed.append(listed)
     return found + holed
 
 
@@ -64,21 +75,14 @@ def missing_rungs(doc: dict) -> list[tuple[str, str, str, list[str], list[int]]]
     """(problem, shape key, dispatch key, variants raced, batches) of each tuned forward entry with
     batch classes whose ladder (``rung_batches``) has batches that hold no entry at its key."""
     found = []
-    for device in doc["devices"].values():
-        for problem, shapes in device["problems"].items():
-            prob = registry.get_problem(problem)
-            rungs = {(e["rung_of"], dkey) for keys in shapes.values() for dkey, e in keys.items() if "rung_of" in e}
-            for shape, keys in sorted(shapes.items()):
-                for dkey, entry in sorted(keys.items()):
-                    key = DispatchKey.from_str(dkey)
-                    if "rung_of" in entry or key.autograd or (shape, dkey) not in rungs:
-                        continue
-                    tuned = parse_shape_key(shape)
-                    missing = [b for b in rung_batches(prob, tuned, key.mode)
-                               if dkey not in shapes.get(shape_key({**tuned, prob.batch_dim: b}), {})]
-                    if missing:
-                        raced = sorted({entry["variant"], *(entry.get("candidates") or {})})
-                        found.append((problem, shape, dkey, raced, missing))
+    for problem, shapes, shape, _, dkey, key, entry, rungs in _tuned_forward(doc):
+        if (shape, dkey) not in rungs:
+            continue
+        prob, tuned = registry.get_problem(problem), parse_shape_key(shape)
+        missing = [b for b in rung_batches(prob, tuned, key.mode)
+                   if dkey not in shapes.get(shape_key({**tuned, prob.batch_dim: b}), {})]
+        if missing:
+            found.append((problem, shape, dkey, _raced(entry), missing))
     return found
 
 

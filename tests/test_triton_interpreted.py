@@ -101,6 +101,13 @@ def test_gemm_bn_eval_after_training_reads_the_updated_statistics_interpreted():
     _run("eval_after_training")
 
 
+def test_gemm_bn_training_in_one_row_tile_is_one_launch_and_passes_the_gate_interpreted():
+    """Where one row tile holds the batch, the statistics, running statistics and output come
+    from the GEMM's epilogue (``column_batchnorm``); the gate, gradients included, at batch 2, an
+    odd batch, a full tile and one row past it (which takes the three-launch path)."""
+    _run("one_tile_training")
+
+
 def test_gemm_avgpool_backward_kernels_match_the_torch_formulas_interpreted():
     _run("avgpool_backward")
 

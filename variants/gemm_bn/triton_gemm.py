@@ -101,6 +101,8 @@ class TritonGemmBn(TritonVariant):
         batch, n_out = x.shape[0], w.shape[0]
         kernels, tile_m = self.module(), self.params["block_m"]
         row_tiles = -(-batch // tile_m)
+        if row_tiles == 1 and len(xs) <= 3:  # the whole batch in one row tile, no exact pass: one launch
+            return self._train_one_tile(model, ops, x, w, xs, weights, self.model_dtype(weight), save)
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype)
         part_mean = torch.empty(row_tiles, n_out, device=x.device)
         part_m2 = torch.empty_like(part_mean)
@@ -120,6 +122,19 @@ class TritonGemmBn(TritonVariant):
         rows = gradients.row_block(rows, shift, tile_m)
         kernels.bn_normalize[(-(-batch // rows), -(-n_out // cols))](z, out, shift, coef, ops.beta, batch, n_out,
                                                                       tile_m, BLOCK_R=rows, BLOCK_C=cols)
+        return out, ((x, w, z, shift, var, ops.scale, ops.gamma) if save else ())
+
+    def _train_one_tile(self, model, ops, x, w, xs, weights, dtype, save):
+        """``_train`` where one row tile holds the batch (``column_batchnorm``): statistics, running
+        statistics and output in the GEMM's epilogue, and with a gradient needed z − μ, zero shifts
+        and σ² as the backward reads them."""
+        batch, n_out = x.shape[0], w.shape[0]
+        out = torch.empty(batch, n_out, device=x.device, dtype=dtype)
+        z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype) if save else None
+        shift, var = (torch.empty(1, n_out, device=x.device), torch.empty(n_out, device=x.device)) if save else (None, None)
+        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        self.launch_gemm("column_batchnorm", xs, weights, (out, z, shift, var, ops.bias, ops.scale, ops.gamma, ops.beta,
+                                                           ops.running_mean, ops.running_var, ops.eps, factor))
         return out, ((x, w, z, shift, var, ops.scale, ops.gamma) if save else ())
 
 

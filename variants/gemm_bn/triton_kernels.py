@@ -63,6 +63,53 @@ def column_partials(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args
 
 
 @triton.jit
+def column_batchnorm(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, args):
+    """Training's epilogue where one row tile holds the whole batch (M ≤ BLOCK_M): the tile's
+    columns are the batch's, so their statistics, the running statistics' update and the
+    normalised output are all made here, from the float32 accumulator, in one launch (the
+    partials, ``bn_finish`` and ``bn_normalize`` took three). As ``column_partials`` then
+    ``bn_finish`` and ``bn_normalize`` with one row tile: (mean, M2) by a two-pass over the tile,
+    var = M2/M, coef = s·γ/√(s²·var + eps), out = (z − μ)·coef + β; here z − μ is not rounded to
+    z's dtype before it is normalised. With z_ptr (a gradient is needed) z − μ, a row of zero
+    shifts and var are stored as the backward reads them. args: (out_ptr, z_ptr, shift_ptr,
+    var_ptr, bias_ptr, scale_ptr, gamma_ptr, beta_ptr, running_mean_ptr, running_var_ptr, eps,
+    factor); running_mean_ptr None: no running statistics. A bfloat16 model (bfloat16 out) takes z
+    as its reference stores y (``bfloat16_model_z``). Each tile's columns are its own, so a tile
+    handed to it twice (the range check's exact pass) would update their running statistics twice:
+    the launcher keeps it to the bf16 path, which has no exact pass."""
+    (out_ptr, z_ptr, shift_ptr, var_ptr, bias_ptr, scale_ptr, gamma_ptr, beta_ptr, running_mean_ptr,
+     running_var_ptr, eps, factor) = args
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        acc = bfloat16_model_z(acc, bias_ptr, scale_ptr, rn, col_ok)
+    rows = tl.sum(row_ok.to(tl.float32), axis=0)  # M, as a float32 tensor (M itself may be a constant)
+    mean = tl.sum(tl.where(row_ok[:, None], acc, 0.0), axis=0) / rows
+    centred = tl.where(row_ok[:, None], acc - mean[None, :], 0.0)
+    m2 = tl.sum(centred * centred, axis=0)
+    var = m2 / rows
+    scale = tl.load(scale_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    coef = scale * gamma / tl.sqrt(scale * scale * var + eps)
+    offsets = rm[:, None].to(tl.int64) * N + rn[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(out_ptr + offsets, to_store(centred * coef[None, :] + beta[None, :], out_ptr), mask=mask)
+    if z_ptr is not None:
+        if out_ptr.dtype.element_ty == tl.bfloat16:  # as column_partials stores a bfloat16 model's z
+            centred = bfloat16_round(centred)
+        tl.store(z_ptr + offsets, centred.to(z_ptr.dtype.element_ty), mask=mask)
+        tl.store(shift_ptr + rn, tl.zeros_like(mean), mask=col_ok)
+        tl.store(var_ptr + rn, var, mask=col_ok)
+    if running_mean_ptr is not None:  # y = (z + b)·s: mean s·(μ + b), unbiased variance s²·σ²·n/(n − 1)
+        bias = tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+        running_mean = tl.load(running_mean_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+        running_var = tl.load(running_var_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+        new_mean = running_mean + factor * (scale * (mean + bias) - running_mean)
+        new_var = running_var + factor * (scale * scale * m2 / (rows - 1.0) - running_var)
+        tl.store(running_mean_ptr + rn, new_mean.to(running_mean_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(running_var_ptr + rn, new_var.to(running_var_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def to_store(v, ptr):
     """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first: the GPU
     converts so, Triton's interpreter by truncation, and the CPU checks hold a bfloat16 model's

@@ -76,7 +76,7 @@ def column_batchnorm(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, arg
     factor); running_mean_ptr None: no running statistics. A bfloat16 model (bfloat16 out) takes z
     as its reference stores y (``bfloat16_model_z``). Each tile's columns are its own, so a tile
     handed to it twice (the range check's exact pass) would update their running statistics twice:
-    the launcher keeps it to the bf16 path, which has no exact pass."""
+    the launcher keeps it to the operand paths without one (not the float16 splits)."""
     (out_ptr, z_ptr, shift_ptr, var_ptr, bias_ptr, scale_ptr, gamma_ptr, beta_ptr, running_mean_ptr,
      running_var_ptr, eps, factor) = args
     if out_ptr.dtype.element_ty == tl.bfloat16:

@@ -238,16 +238,12 @@ class Problem:
         """Redraw every parameter and buffer, so a check does not rest on default init.
 
         Weights (2-D and up) get variance 1/fan-in (outputs on the input's scale), everything
-        else a standard normal; subclasses adjust what needs a particular range. Drawn in float32
-        unless the tensor is float64, which is as random and three times as fast: an 8192² weight
-        took 3.2 s in float64 and 1.0 in float32 on a 2-core host, and on an H100's host kb2-99's
-        tune spent 6.8 of its worker's 143 s redrawing four 8192² models in float64.
+        else a standard normal; subclasses adjust what needs a particular range.
         """
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             if not tensor.is_floating_point():
                 continue
-            draw = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-            fresh = torch.randn(tensor.shape, generator=generator, dtype=draw)
+            fresh = torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
             if tensor.dim() >= 2:
                 fresh /= math.sqrt(max(1, math.prod(tensor.shape[1:])))
             tensor.copy_(fresh.to(tensor.dtype))

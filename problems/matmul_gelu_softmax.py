@@ -26,7 +26,30 @@ class Model(nn.Module):
         return x
 
 
-PROBLEM = Problem(
+# The tail a row's softmax leaves under its largest weight (the sum of the others) below which
+# the float64 reference's own gradient of that row is rounding (``rows_on_a_kink``).
+SATURATED_TAIL = 1e-9
+
+
+class MatmulGeluSoftmax(Problem):
+    def rows_on_a_kink(self, model, x, precision):
+        # Softmax's backward, dz = y·(g − ⟨y, g⟩), forms its largest weight's term from g_k − ⟨y, g⟩,
+        # two numbers equal to 2⁻⁵² of g_k where the rest of the row weighs t ≪ 1, while the exact
+        # value is about Σ_{j≠k} y_j (g_k − g_j), t-sized. So where t is below 2⁻⁵² of the
+        # tolerance the float64 reference errs by more than the tolerance allows. Batch 1 of a
+        # "large" case (logits in the hundreds, t ~ 1e-21): the reference's dx was 40% off a
+        # cancellation-free float64 gradient, eager fp32 the same 40%, triton fp32 1.7e-5 off it
+        # (interpreted); the gate failed triton. Such rows are left out of the gradient check; at
+        # 1e-9 the reference errs by 2e-7 of their term, under every precision's tolerance.
+        linear = self.linear_of(model)
+        with torch.no_grad():
+            logits = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+            weights = torch.softmax(torch.nn.functional.gelu(logits), dim=1)
+            tail = weights.sum(dim=1) - weights.max(dim=1).values
+        return tail < SATURATED_TAIL
+
+
+PROBLEM = MatmulGeluSoftmax(
     name="matmul_gelu_softmax",
     description="softmax(gelu(linear(x)), dim=1)",
     model=Model,

@@ -283,7 +283,8 @@ class Problem:
     def rows_on_a_kink(self, model: nn.Module, x: torch.Tensor, precision: str) -> torch.Tensor | None:
         """Rows of ``x`` (a bool each) whose exact gradient jumps within ``precision``'s rounding of
         the forward: an element at a clamp's bound, where any implementation accurate to
-        ``precision`` may land on either side. The gradient check gives those rows a zero
+        ``precision`` may land on either side, or where the float64 reference's own gradient is
+        rounding (matmul_gelu_softmax's saturated rows). The gradient check gives those rows a zero
         cotangent, so it compares what is defined; None (the default): no such row."""
         return None
 

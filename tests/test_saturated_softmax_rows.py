@@ -14,7 +14,6 @@ from autofuse.core import registry
 PROBLEM = registry.get_problem("matmul_gelu_softmax")
 
 
-
 def model_and_rows():
     """A model whose first row's logits are far apart (saturated), its second's close (ordinary)."""
     torch.manual_seed(0)

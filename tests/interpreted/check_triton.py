@@ -178,6 +178,13 @@ def backward_kernels() -> list[str]:
     return failures
 
 
+def _untracked(bn: torch.nn.BatchNorm1d) -> torch.nn.BatchNorm1d:
+    """``bn`` with the same affine parameters and eps, tracking no running statistics."""
+    fresh = torch.nn.BatchNorm1d(bn.num_features, eps=bn.eps, track_running_stats=False)
+    fresh.load_state_dict({k: v for k, v in bn.state_dict().items() if k in ("weight", "bias")})
+    return fresh.to(device=bn.weight.device, dtype=bn.weight.dtype)
+
+
 def bn_without_running_stats() -> list[str]:
     """gemm_bn's Triton training with BatchNorm1d(track_running_stats=False): batch statistics and
     nothing to update (``bn_finish`` without running-statistics pointers), output and gradients
@@ -194,9 +201,7 @@ def bn_without_running_stats() -> list[str]:
                                                             operands=operands)
         model, x = build_case(prob, CheckCase({"batch_size": 37, "in_features": 40, "out_features": 33}, "randn", 3,
                                               True), "cpu", torch.float32, "train")
-        bn = torch.nn.BatchNorm1d(33, track_running_stats=False)
-        bn.load_state_dict({k: v for k, v in model.bn.state_dict().items() if k in ("weight", "bias")})
-        model.bn = bn
+        model.bn = _untracked(model.bn)
         model64 = copy.deepcopy(model).double()
         x64 = x.double().requires_grad_()
         ref = model64(x64)
@@ -273,9 +278,7 @@ def _without_running_stats(variant, prob, cases, dtype, precision):
 
     def untracked(*args, **kwargs):
         model, x = build(*args, **kwargs)
-        bn = torch.nn.BatchNorm1d(model.bn.num_features, eps=model.bn.eps, track_running_stats=False)
-        bn.load_state_dict({k: v for k, v in model.bn.state_dict().items() if k in ("weight", "bias")})
-        model.bn = bn.to(device=model.bn.weight.device, dtype=model.bn.weight.dtype)
+        model.bn = _untracked(model.bn)
         return model, x
 
     gate.build_case = untracked

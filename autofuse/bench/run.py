@@ -48,7 +48,7 @@ from autofuse.core import registry
 from autofuse.core.precision import dtype_name, math_mode
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import InputError
-from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, serving_devices, shape_key
 from autofuse.tuning import placement
 from autofuse.tuning.gate import check_cases, check_variant
 from autofuse.tuning.timing import time_interleaved
@@ -123,9 +123,10 @@ def _entries(table, fingerprint, setup: Setup) -> dict[str, dict]:
     """The table's entries for this key by step (forward, and the autograd entry's training step)."""
     found, dtype = {}, dtype_name(setup.dtype)
     for step, autograd in ((FORWARD, False), (TRAINING, True)):
-        try:
-            found[step] = table.lookup(fingerprint_key(fingerprint), setup.prob.name, shape_key(setup.shape),
-                                       DispatchKey(dtype, setup.precision, setup.mode, autograd=autograd)) or {}
+        key, found[step] = DispatchKey(dtype, setup.precision, setup.mode, autograd=autograd), {}
+        try:  # as get_module asks: this device's section, then its siblings' (table.serving_devices)
+            for section in serving_devices(table.load()["devices"], fingerprint):
+                found[step] = found[step] or table.lookup(section, setup.prob.name, shape_key(setup.shape), key) or {}
         except Exception:  # noqa: BLE001 - an unreadable table means "untuned" here
             found[step] = {}
     return found

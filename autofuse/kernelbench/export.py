@@ -25,7 +25,7 @@ from autofuse.core import registry
 from autofuse.core.precision import check_precision
 from autofuse.errors import InputError, TableError
 from autofuse.kernelbench.problem import KernelBenchProblem
-from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key
+from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, serving_devices
 
 # Sizes no init argument takes by accident: where init_args() returns one of them, the
 # exported get_init_inputs() names the size instead of its value.
@@ -125,10 +125,10 @@ def _string_literal(text: str) -> str:
 def summary(prob, table: DispatchTable, precision: str) -> list[str]:
     """What the exported ModelNew will dispatch to here: the table's entries for the problem."""
     here = {fingerprint_key(current_fingerprint("cpu"))}
-    if torch.cuda.is_available():
-        here.add(fingerprint_key(current_fingerprint("cuda")))
     try:
         found = [(device, shape, key, entry) for device, name, shape, key, entry in table.entries() if name == prob.name]
+        if torch.cuda.is_available():  # the sections get_module serves from: this GPU's and its siblings'
+            here.update(serving_devices(table.load()["devices"], current_fingerprint("cuda")))
     except TableError as exc:
         return [f"warning: {exc}; ModelNew runs Model's own forward until the table can be read"]
     entries, skipped = [], []

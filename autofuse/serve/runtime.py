@@ -38,7 +38,8 @@ from autofuse.serve import graphs
 from autofuse.serve import tune_on_miss as background
 from autofuse.serve.dispatch import CallKey, Found, candidates, configuration, passed_over_before
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
-from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
+from autofuse.serve.table import (DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, serving_devices,
+                                  shape_key)
 from autofuse.serve.table_watch import WATCH
 
 log = logging.getLogger("autofuse")
@@ -264,7 +265,8 @@ class Dispatcher:
         call = self._bound(key, call, dkey, shape)
         self.info[key], self.ready[key] = info, call
         self.resolved[key] = (shape, dkey, x.device)
-        if self.budget is not None and shape is not None and info["source"] != "tuned" and key not in self.tunes:
+        local = info["source"] == "tuned" and not info.get("tuned_on")
+        if self.budget is not None and shape is not None and not local and key not in self.tunes:
             self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
             self._say(f"tune on miss: {self.problem.name} {shape_key(shape)} at {self.precision} is tuned in the "
                       f"background (log {tune.log_path}); its winner replaces {info['variant']} once written")
@@ -274,9 +276,15 @@ class Dispatcher:
         """(callable, info) for a call at ``shape`` and ``dkey`` on ``device``, from ``document``."""
         if shape is None:  # resolve said so, naming the input
             return self._reference("no shape: reference")
-        fingerprint = fingerprint_key(current_fingerprint(device))
-        shapes = document.get("devices", {}).get(fingerprint, {}).get("problems", {}).get(self.problem.name, {})
-        found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
+        here = current_fingerprint(device)
+        fingerprint = fingerprint_key(here)
+        devices, found, passed_over, tuned_on = document.get("devices", {}), [], [], None
+        for section in serving_devices(devices, here):  # this GPU's section, then its siblings'
+            shapes = devices[section].get("problems", {}).get(self.problem.name, {})
+            found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
+            if found:
+                tuned_on = section if section != fingerprint else None
+                break
         where = f"{self.problem.name} {shape_key(shape)} ({dkey.to_str()})"
         unusable = []  # why each entry tried before the one that serves could not
         for served, candidate in enumerate(found):
@@ -287,9 +295,13 @@ class Dispatcher:
                 if candidate.source != "tuned":
                     self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
                               f"{variant.name}, run at {candidate.runs_at}")
+                if tuned_on is not None:
+                    self._say(f"no entries tuned on {fingerprint}: serving those tuned on {tuned_on} (the same "
+                              f"architecture and SM count: their kernels compute the same, the timings that chose "
+                              f"them are that device's); `autofuse tune {self.problem.command_name}` tunes them here")
                 return variant, {"variant": variant.name, "params": variant.params, "source": candidate.source,
                                  "precision": candidate.runs_at, "entry": candidate.entry, "served_from": candidate.shape,
-                                 "rung_of": candidate.entry.get("rung_of"),
+                                 "rung_of": candidate.entry.get("rung_of"), "tuned_on": tuned_on,
                                  "passed_over": passed_over_before(passed_over, served) + unusable}
             unusable.append(why)
         for reason in passed_over_before(passed_over, None):
@@ -297,12 +309,16 @@ class Dispatcher:
         if found:
             call, info = self._reference("unusable entry: reference")
             return call, {**info, "passed_over": passed_over_before(passed_over, None) + unusable}
+        self._say(f"no tuned entry for {where} on {fingerprint}; running the reference. To tune it: "
+                  f"{self._hint(shape, dkey)}")
+        return self._reference("no entry: reference")
+
+    def _hint(self, shape: dict, dkey: DispatchKey) -> str:
+        """The command that tunes ``shape`` at ``dkey`` on this machine."""
         mode = f" --mode {dkey.mode}" if dkey.mode != "any" else ""
         dtype = f" --dtype {dkey.dtype}" if dkey.dtype != "float32" else ""
-        hint = (f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)}{dtype} --precision "
+        return (f"autofuse tune {self.problem.command_name} --shape {shape_key(shape)}{dtype} --precision "
                 f"{self.precision}{mode}")
-        self._say(f"no tuned entry for {where} on {fingerprint}; running the reference. To tune it: {hint}")
-        return self._reference("no entry: reference")
 
     def _instantiate(self, candidate: Found, shape: dict, dkey: DispatchKey, device, where: str) -> tuple:
         """(the entry's variant built at the precision it runs at, None), or (None, why not: also said)."""
@@ -388,4 +404,4 @@ class Dispatcher:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("variant", "params", "source", "precision"))
+    return all(a.get(k) == b.get(k) for k in ("variant", "params", "source", "precision", "tuned_on"))

@@ -164,6 +164,30 @@ def fingerprint_key(fp: dict) -> str:
     return "|".join(str(part) for part in parts)
 
 
+def serving_devices(devices: Mapping, fingerprint: dict) -> list[str]:
+    """The keys of the table's device sections that may serve calls on a device of ``fingerprint``,
+    in the order they are asked: its own section, where the table has one, then its siblings'.
+
+    A sibling is a CUDA device of the same compute capability and SM count (an H100 SXM and an
+    H200 are both sm_90 with 132 SMs): every kernel an entry names is compiled for the device it
+    runs on and computes there what it computed where it was gated; only the timings that chose
+    it are another chip's. Siblings of the same torch and CUDA come first, then in key order, so
+    the choice is stable.
+    """
+    own = fingerprint_key(fingerprint)
+    found = [own] if own in devices else []
+    if fingerprint.get("kind") != "cuda":
+        return found
+    ranked = []
+    for key, section in devices.items():
+        theirs = section.get("fingerprint") if isinstance(section, Mapping) else None
+        if (key != own and isinstance(theirs, Mapping) and theirs.get("kind") == "cuda"
+                and str(theirs.get("capability")) == str(fingerprint.get("capability"))
+                and theirs.get("sm_count") == fingerprint.get("sm_count")):
+            ranked.append((theirs.get("torch") != fingerprint.get("torch"), theirs.get("cuda") != fingerprint.get("cuda"), key))
+    return found + [key for *_, key in sorted(ranked)]
+
+
 def _empty_document() -> dict:
     return {"schema": SCHEMA, "version": VERSION, "devices": {}}
 

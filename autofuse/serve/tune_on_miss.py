@@ -247,7 +247,8 @@ def _still_waiting(item: Waiting) -> bool:
     dispatcher = item.dispatcher()
     if dispatcher is None or item.epoch != dispatcher.epoch:
         return False
-    if dispatcher.info.get(item.key, {}).get("source") == "tuned":
+    info = dispatcher.info.get(item.key, {})
+    if info.get("source") == "tuned" and not info.get("tuned_on"):  # tuned here: the wait is over
         return False
     return item.tune.ended is None or time.monotonic() < item.tune.watch_until
 

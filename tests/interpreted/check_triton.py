@@ -266,6 +266,34 @@ def one_tile_training() -> list[str]:
             if not epilogues or set(epilogues) != {want}:
                 failures.append(f"{what}: launched {sorted(set(epilogues))}, expected {want} only")
     triton_gemm.TritonGemmBn.launch_gemm = launch
+    return failures + _one_tile_batch_count(prob)
+
+
+def _one_tile_batch_count(prob) -> list[str]:
+    """The batch count after one-tile training calls, as nn.BatchNorm1d keeps it: the epilogue adds
+    each batch where momentum is set, the host where it is None (the factor reads the count), so
+    never both and never neither, and the cumulative average's running statistics follow."""
+    import copy
+
+    failures = []
+    shape = {"batch_size": 5, "in_features": 40, "out_features": 33}
+    for (config, params), momentum in itertools.product(CONFIGS.items(), (0.1, None)):
+        variant = registry.get_variant("gemm_bn", "triton")("fp32", **params, operands="split_host")
+        model = prob.build_model(shape).train()
+        model.bn.momentum = momentum
+        reference = copy.deepcopy(model).double()
+        for step in range(3):
+            x = torch.randn(5, 40, generator=torch.Generator().manual_seed(step))
+            with torch.no_grad():
+                variant(model, x)
+                reference(x.double())
+        count, want = int(model.bn.num_batches_tracked), int(reference.bn.num_batches_tracked)
+        want_mean = reference.bn.running_mean
+        error = float((model.bn.running_mean.double() - want_mean).norm() / want_mean.norm())
+        what = f"one tile, {config}, momentum {momentum}: count {count} (want {want}), running mean error {error:.3g}"
+        print(what, flush=True)
+        if count != want or error > 1e-5:
+            failures.append(what)
     return failures
 
 

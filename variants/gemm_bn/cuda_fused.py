@@ -47,12 +47,26 @@ def updates_running_stats(bn) -> bool:
     return bn.training and bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None
 
 
-def momentum_factor(bn) -> float:
+def batch_counter(bn) -> torch.Tensor | None:
+    """num_batches_tracked where the kernel that updates the running statistics may add this batch
+    to it itself, or None: a replayed small-batch call then makes one launch less (the increment was
+    a kernel of its own, 1.3 µs and its gap beside a 50 µs GEMM on an H100). Not with
+    ``momentum=None``, whose factor is read from the count on the host."""
+    counts = bn.training and bn.track_running_stats and bn.num_batches_tracked is not None
+    return bn.num_batches_tracked if counts and bn.momentum is not None else None
+
+
+def momentum_factor(bn, counted_by_kernel: bool = False) -> float:
     """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm
-    does; called just before the kernel that updates the running statistics, which it marks written."""
+    does; called just before the kernel that updates the running statistics, which it marks written.
+    ``counted_by_kernel``: that kernel adds the 1 (it was handed ``batch_counter``'s tensor), so the
+    count is marked written here, not incremented."""
     factor = 0.0 if bn.momentum is None else bn.momentum
     if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
+        if counted_by_kernel:
+            torch.autograd.graph.increment_version(bn.num_batches_tracked)
+        else:
+            bn.num_batches_tracked.add_(1)
         if bn.momentum is None:  # cumulative moving average
             factor = 1.0 / float(bn.num_batches_tracked)
     if updates_running_stats(bn):

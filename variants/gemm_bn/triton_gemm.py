@@ -42,7 +42,8 @@ from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
-from .cuda_fused import TrainOperands, eval_coefficients, eval_dependencies, momentum_factor, uses_batch_statistics
+from .cuda_fused import (TrainOperands, batch_counter, eval_coefficients, eval_dependencies, momentum_factor,
+                         uses_batch_statistics)
 
 FINISH_COLUMNS = 128  # columns per program of the statistics merge
 NORMALIZE_BLOCK = (32, 128)  # rows × columns per program of the normalising pass (512-byte rows)
@@ -132,9 +133,10 @@ class TritonGemmBn(TritonVariant):
         out = torch.empty(batch, n_out, device=x.device, dtype=dtype)
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype) if save else None
         shift, var = (torch.empty(1, n_out, device=x.device), torch.empty(n_out, device=x.device)) if save else (None, None)
-        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        count = batch_counter(model.bn)  # the epilogue counts the batch: no launch of its own
+        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
         self.launch_gemm("column_batchnorm", xs, weights, (out, z, shift, var, ops.bias, ops.scale, ops.gamma, ops.beta,
-                                                           ops.running_mean, ops.running_var, ops.eps, factor))
+                                                           ops.running_mean, ops.running_var, ops.eps, factor, count))
         return out, ((x, w, z, shift, var, ops.scale, ops.gamma) if save else ())
 
 

@@ -73,12 +73,14 @@ def column_batchnorm(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, arg
     z's dtype before it is normalised. With z_ptr (a gradient is needed) z − μ, a row of zero
     shifts and var are stored as the backward reads them. args: (out_ptr, z_ptr, shift_ptr,
     var_ptr, bias_ptr, scale_ptr, gamma_ptr, beta_ptr, running_mean_ptr, running_var_ptr, eps,
-    factor); running_mean_ptr None: no running statistics. A bfloat16 model (bfloat16 out) takes z
+    factor, count_ptr); running_mean_ptr None: no running statistics; count_ptr (BatchNorm's
+    num_batches_tracked, or None where the host counts) gets this batch added by the tile of
+    column block 0, the one tile that has it. A bfloat16 model (bfloat16 out) takes z
     as its reference stores y (``bfloat16_model_z``). Each tile's columns are its own, so a tile
     handed to it twice (the range check's exact pass) would update their running statistics twice:
     the launcher keeps it to the operand paths without one (not the float16 splits)."""
     (out_ptr, z_ptr, shift_ptr, var_ptr, bias_ptr, scale_ptr, gamma_ptr, beta_ptr, running_mean_ptr,
-     running_var_ptr, eps, factor) = args
+     running_var_ptr, eps, factor, count_ptr) = args
     if out_ptr.dtype.element_ty == tl.bfloat16:
         acc = bfloat16_model_z(acc, bias_ptr, scale_ptr, rn, col_ok)
     rows = tl.sum(row_ok.to(tl.float32), axis=0)  # M, as a float32 tensor (M itself may be a constant)
@@ -107,6 +109,9 @@ def column_batchnorm(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, arg
         new_var = running_var + factor * (scale * scale * m2 / (rows - 1.0) - running_var)
         tl.store(running_mean_ptr + rn, new_mean.to(running_mean_ptr.dtype.element_ty), mask=col_ok)
         tl.store(running_var_ptr + rn, new_var.to(running_var_ptr.dtype.element_ty), mask=col_ok)
+    if count_ptr is not None:
+        if pid_n == 0:
+            tl.store(count_ptr, tl.load(count_ptr) + 1)
 
 
 @triton.jit

@@ -84,6 +84,8 @@ def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kern
     finally:
         prewarm._shutdown()
     assert list((tmp_path / "triton").rglob("*.cubin")), "the pool compiled nothing into Triton's cache"
+    # and loaded what it compiled, so the kernels' C launchers are built (``launch._load``)
+    assert list((tmp_path / "triton").rglob("*launcher*.so")), "the pool built no launcher into Triton's cache"
 
     model, x = build_case(problem, CheckCase(shape, "randn", 4, True), "cuda", torch.float32, "any")
     variant = registry.get_variant(problem.name, "triton")("fp32", **config)

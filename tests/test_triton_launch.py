@@ -408,3 +408,24 @@ def test_compiling_only_compiles_what_a_launch_would_and_launches_nothing(launch
     assert [c[2] for c in jit_calls[1:]] == [{"SPLIT": False, "BLOCK": 8}, {"SPLIT": True, "BLOCK": 8}]
     launch[(1,)](*args, SPLIT=False, BLOCK=8)
     assert len(kernel.launches) == 1  # outside it, the kept kernel launches again
+
+
+def test_a_compile_only_launch_loads_the_kernel_and_leaves_its_failures_to_the_worker():
+    """``compiling_only`` loads what it compiled, so the pool builds the kernel's C launcher; a
+    kernel that cannot be loaded (past the shared memory, say) is the worker's to meet at launch."""
+    from autofuse.kernels.triton import launch as triton_launch
+
+    class Kernel:
+        def __init__(self, error=None):
+            self.loads, self.error = 0, error
+
+        def _init_handles(self):
+            self.loads += 1
+            if self.error:
+                raise self.error
+
+    loaded, failing = Kernel(), Kernel(RuntimeError("out of resources: shared memory"))
+    triton_launch._load(loaded)
+    triton_launch._load(failing)  # raises nothing
+    triton_launch._load(None)  # a warmup that returned nothing: nothing to load
+    assert loaded.loads == 1 and failing.loads == 1

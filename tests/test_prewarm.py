@@ -66,6 +66,38 @@ def test_the_search_asks_for_each_triton_candidate_at_each_shape_before_measurin
         assert at == search.trial_shapes(job, name, config)
 
 
+def test_a_pool_process_runs_an_autograd_candidate_forward_and_backward(monkeypatch):
+    """With gradients the pool runs the backward too (a Triton variant's backward kernels then
+    compile there, not one after another in the worker) and leaves the process's cached model
+    without gradients for its next candidate. Shown with eager, which runs the same way on the CPU."""
+    backward = []
+    original = torch.Tensor.backward
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: backward.append(tuple(self.shape))
+                        or original(self, *a, **k))
+    assert prewarm.compile_candidate("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", "eager", {}, SHAPE,
+                                     None, True)
+    assert backward == [(16, 40)]
+    model, _ = prewarm._case(registry.get_problem("matmul_gelu_softmax"), SHAPE, "cpu", torch.float32, "any")
+    assert all(p.grad is None for p in model.parameters())
+    assert prewarm.compile_candidate("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", "eager", {}, SHAPE)
+    assert backward == [(16, 40)]  # without gradients: the forward alone
+
+
+@needs_triton
+def test_the_batch_classes_ask_for_the_autograd_rungs_candidates_with_gradients(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    asked = []
+    monkeypatch.setattr(prewarm, "warm", lambda problem, device, dtype, mode, precision, candidates, log=None:
+                        asked.extend(prewarm.Compile(*c) for c in candidates))
+    autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=2, n_trials=2, variants=["triton", "eager"],
+                  autograd_entry=True, batch_classes=True, progress=False, table=tmp_path / "t.json")
+    # The autograd entry's rungs (1, 8 and 32 here; and the gate's odd shape, batch 7) are asked
+    # for with gradients, the forward entry's without: both ladders at each rung.
+    with_gradients = {c.shape["batch_size"] for c in asked if c.autograd}
+    without = {c.shape["batch_size"] for c in asked if not c.autograd}
+    assert with_gradients == {1, 7, 8, 32} and {1, 8, 32} <= without, (with_gradients, without)
+
+
 @pytest.mark.gpu
 @needs_triton
 def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kernel(monkeypatch, tmp_path):

@@ -268,11 +268,14 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
     items = []
     # Every rung's new specializations (batches of 1 and not a multiple of 16, the small tiles)
-    # compile in parallel first; the autograd rungs' backward kernels compile in the worker.
+    # compile in parallel first, the autograd rungs' with their backward kernels (compiled one
+    # after another in the worker, where kb2-99's tune spent about 30 s of its 128 on an H100's
+    # host compiling Triton kernels).
     if total:
         prewarm.warm(prob.name, job.device, job.dtype, job.mode, job.precision,
-                     [(c.variant, c.params, shape) for entry, dkey, ladder, rungs in work if not dkey.autograd
-                      for at, candidates in rungs for c in candidates if c.precision is None
+                     [prewarm.Compile(c.variant, c.params, shape, dkey.autograd)
+                      for entry, dkey, ladder, rungs in work for at, candidates in rungs for c in candidates
+                      if c.precision is None
                       for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)], job.log)
     with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress and total > 0) as bar:
         for entry, dkey, ladder, rungs in work:

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import traceback
+from typing import NamedTuple
 
 import torch
 
@@ -63,18 +64,30 @@ def start(device: str, log: str | None = None) -> None:
         _shutdown()
 
 
+class Compile(NamedTuple):
+    """A candidate to compile: its variant and configuration, the shape it will run at, and
+    whether it runs with gradients (its backward's kernels too)."""
+
+    variant: str
+    params: dict
+    shape: dict
+    autograd: bool = False
+
+
 def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
-         candidates: list[tuple[str, dict, dict]], log: str | None = None) -> None:
-    """Compile the Triton kernels of ``candidates`` ((variant, configuration, shape) each, one
-    process per candidate) and return when all are done, or after ``WAIT_S``. One alone is left
-    to the worker: compiling it here first would gain nothing."""
+         candidates: list[Compile | tuple[str, dict, dict]], log: str | None = None) -> None:
+    """Compile the Triton kernels of ``candidates`` (``Compile``s, or (variant, configuration,
+    shape) for a forward without gradients; one process per candidate) and return when all are
+    done, or after ``WAIT_S``. One alone is left to the worker: compiling it here first would gain
+    nothing."""
     variants = registry.variants(problem)
-    todo = [c for c in candidates if is_triton(variants.get(c[0]))]
+    todo = [Compile(*c) for c in candidates if is_triton(variants.get(c[0]))]
     if len(todo) < 2 or not enabled(device) or _unsupported():
         return
     start(device, log)
     try:
-        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, *c, log) for c in todo]
+        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, c.variant, c.params,
+                                c.shape, log, c.autograd) for c in todo]
         concurrent.futures.wait(futures, timeout=WAIT_S)
     except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError, AttributeError):
         _shutdown()  # a pool process died (or could not start): the worker compiles; a new pool next time
@@ -104,9 +117,11 @@ def _ready(device: str, log: str | None) -> None:
 
 
 def compile_candidate(problem: str, device: str, dtype: str, mode: str, precision: str, variant: str,
-                      params: dict, shape: dict, log: str | None = None) -> bool:
-    """In a pool process: run the candidate once at ``shape`` with nothing launched. Whether it
-    compiled (False: it raised, which the worker will meet and record itself)."""
+                      params: dict, shape: dict, log: str | None = None, autograd: bool = False) -> bool:
+    """In a pool process: run the candidate once at ``shape`` with nothing launched, with
+    ``autograd`` its forward with gradients and its backward too (their values are never read: a
+    backward's torch operations run on what the unlaunched kernels left). Whether it compiled
+    (False: it raised, which the worker will meet and record itself)."""
     from autofuse.core.precision import parse_dtype
     from autofuse.kernels.triton.launch import compiling_only
 
@@ -116,8 +131,16 @@ def compile_candidate(problem: str, device: str, dtype: str, mode: str, precisio
         model, x = _case(prob, shape, device, parse_dtype(dtype), mode)
         candidate = registry.get_variant(problem, variant)(precision, **params)
         candidate.build(device)
-        with compiling_only(), torch.no_grad():
-            candidate(model, x)
+        if not autograd:
+            with compiling_only(), torch.no_grad():
+                candidate(model, x)
+            return True
+        try:
+            with compiling_only():
+                out = candidate(model, x.detach().requires_grad_())
+                out.backward(torch.ones_like(out))
+        finally:
+            model.zero_grad(set_to_none=True)  # the process's next candidate starts from none
         return True
     except Exception:  # noqa: BLE001 - any failure is the worker's to record; the log says what it was
         traceback.print_exc()

@@ -29,6 +29,7 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import InputError
 from autofuse.serve.table import DispatchTable, current_fingerprint
 from autofuse.tuning import placement
+from autofuse.tuning.batch_classes import smallest_batch
 from autofuse.tuning.timing import Timing, time_interleaved
 
 DEFAULT_BATCHES = (1, 8, 37, 100, 512, 1023, 1025, 2048)
@@ -70,8 +71,9 @@ def check_batches(prob, batches) -> list[int]:
 
 
 def _point(prob, family: dict, batch: int, settings: dict, table, rounds: int, use_compile: bool, wall: bool) -> SweepPoint:
-    if settings["mode"] == "train" and prob.mode_sensitive and batch < prob.min_train_batch:
-        return SweepPoint(batch, [], note=f"not measured: training mode needs batch >= {prob.min_train_batch}")
+    smallest = smallest_batch(prob, settings["mode"])
+    if batch < smallest:
+        return SweepPoint(batch, [], note=f"not measured: training mode needs batch >= {smallest}")
     setup = make_setup(prob, {**family, prob.batch_dim: batch}, **settings)
     if use_compile:
         torch._dynamo.reset()  # a compile per batch: past dynamo's recompile limit it would run eager

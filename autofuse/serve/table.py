@@ -184,7 +184,8 @@ def serving_devices(devices: Mapping, fingerprint: dict) -> list[str]:
         if (key != own and isinstance(theirs, Mapping) and theirs.get("kind") == "cuda"
                 and str(theirs.get("capability")) == str(fingerprint.get("capability"))
                 and theirs.get("sm_count") == fingerprint.get("sm_count")):
-            ranked.append((theirs.get("torch") != fingerprint.get("torch"), theirs.get("cuda") != fingerprint.get("cuda"), key))
+            versions = [theirs.get(part) != fingerprint.get(part) for part in ("torch", "cuda")]
+            ranked.append((*versions, key))
     return found + [key for *_, key in sorted(ranked)]
 
 

@@ -122,13 +122,14 @@ def _bench_shape(prob, shape: dict, settings: dict, table, rounds, compile_modes
 def _entries(table, fingerprint, setup: Setup) -> dict[str, dict]:
     """The table's entries for this key by step (forward, and the autograd entry's training step)."""
     found, dtype = {}, dtype_name(setup.dtype)
+    try:  # as get_module asks: this device's section, then its siblings' (table.serving_devices)
+        sections = serving_devices(table.load()["devices"], fingerprint)
+    except Exception:  # noqa: BLE001 - an unreadable table means "untuned" here
+        sections = []
     for step, autograd in ((FORWARD, False), (TRAINING, True)):
-        key, found[step] = DispatchKey(dtype, setup.precision, setup.mode, autograd=autograd), {}
-        try:  # as get_module asks: this device's section, then its siblings' (table.serving_devices)
-            for section in serving_devices(table.load()["devices"], fingerprint):
-                found[step] = found[step] or table.lookup(section, setup.prob.name, shape_key(setup.shape), key) or {}
-        except Exception:  # noqa: BLE001 - an unreadable table means "untuned" here
-            found[step] = {}
+        key = DispatchKey(dtype, setup.precision, setup.mode, autograd=autograd)
+        found[step] = next((entry for section in sections
+                            if (entry := table.lookup(section, setup.prob.name, shape_key(setup.shape), key))), {})
     return found
 
 

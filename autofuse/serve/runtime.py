@@ -265,8 +265,7 @@ class Dispatcher:
         call = self._bound(key, call, dkey, shape)
         self.info[key], self.ready[key] = info, call
         self.resolved[key] = (shape, dkey, x.device)
-        local = info["source"] == "tuned" and not info.get("tuned_on")
-        if self.budget is not None and shape is not None and not local and key not in self.tunes:
+        if self.budget is not None and shape is not None and not background.tuned_here(info) and key not in self.tunes:
             self.tunes[key] = tune = background.request(self, key, shape, dkey, x.device)
             self._say(f"tune on miss: {self.problem.name} {shape_key(shape)} at {self.precision} is tuned in the "
                       f"background (log {tune.log_path}); its winner replaces {info['variant']} once written")

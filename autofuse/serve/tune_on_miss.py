@@ -243,12 +243,17 @@ class Watcher:
         return changed and not first
 
 
+def tuned_here(info: dict) -> bool:
+    """Whether a call key's ``dispatch_info`` is an entry tuned on this GPU at its key: not a
+    fallback, the reference or another GPU's entry (``tuned_on``), any of which a tune here replaces."""
+    return info.get("source") == "tuned" and not info.get("tuned_on")
+
+
 def _still_waiting(item: Waiting) -> bool:
     dispatcher = item.dispatcher()
     if dispatcher is None or item.epoch != dispatcher.epoch:
         return False
-    info = dispatcher.info.get(item.key, {})
-    if info.get("source") == "tuned" and not info.get("tuned_on"):  # tuned here: the wait is over
+    if tuned_here(dispatcher.info.get(item.key, {})):
         return False
     return item.tune.ended is None or time.monotonic() < item.tune.watch_until
 

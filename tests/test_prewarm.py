@@ -83,19 +83,75 @@ def test_a_pool_process_runs_an_autograd_candidate_forward_and_backward(monkeypa
     assert backward == [(16, 40)]  # without gradients: the forward alone
 
 
+class _Recorded:
+    """``prewarm.submit`` recorded: each call's candidates, and the ``wait`` on what it returned."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def __call__(self, problem, device, dtype, mode, precision, candidates, log=None):
+        asked = [prewarm.Compile(*c) for c in candidates]
+        self.events.append(("submit", asked))
+        events = self.events
+
+        class Pending:
+            def wait(self):
+                events.append(("wait", asked))
+        return Pending()
+
+
 @needs_triton
-def test_the_batch_classes_ask_for_the_autograd_rungs_candidates_with_gradients(monkeypatch, tmp_path):
+def test_the_batch_classes_compile_every_rung_ahead_and_wait_for_each_before_racing_it(monkeypatch, tmp_path):
+    from autofuse.tuning import batch_classes
+
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    asked = []
-    monkeypatch.setattr(prewarm, "warm", lambda problem, device, dtype, mode, precision, candidates, log=None:
-                        asked.extend(prewarm.Compile(*c) for c in candidates))
+    events = []
+    monkeypatch.setattr(prewarm, "submit", _Recorded(events))
+    race = batch_classes.run_rung
+    monkeypatch.setattr(batch_classes, "run_rung", lambda job, candidates, *a, **k: events.append(
+        ("race", job.shape["batch_size"], candidates[0].autograd)) or race(job, candidates, *a, **k))
     autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=2, n_trials=2, variants=["triton", "eager"],
                   autograd_entry=True, batch_classes=True, progress=False, table=tmp_path / "t.json")
+    first_race = next(i for i, e in enumerate(events) if e[0] == "race")
+    races = [e for e in events if e[0] == "race"]
+    # One submit a rung, all of them before the first race, in the order the rungs race.
+    rung_submits = [e[1] for e in events[first_race - len(races) - 1:first_race - 1]]
+    assert [e[0] for e in events[first_race - len(races) - 1:first_race]] == ["submit"] * len(races) + ["wait"]
+    for (_, batch, autograd), asked in zip(races, rung_submits):  # at the rung's batch, or the gate's odd one
+        assert asked and {c.shape["batch_size"] for c in asked} <= {batch, 7}, (batch, asked)
+        assert all(c.autograd == autograd for c in asked)
+    assert any(c.variant == "triton" for asked in rung_submits for c in asked)
+    # Each rung waits for its own compiles, and only for them, just before its race.
+    after = events[first_race - 1:]
+    pairs = [(after[i], after[i + 1]) for i, e in enumerate(after) if e[0] == "wait"]
+    assert [(w[1], r[1:]) for w, r in pairs] == [(asked, race[1:]) for asked, race in zip(rung_submits, races)]
     # The autograd entry's rungs (1, 8 and 32 here; and the gate's odd shape, batch 7) are asked
     # for with gradients, the forward entry's without: both ladders at each rung.
-    with_gradients = {c.shape["batch_size"] for c in asked if c.autograd}
-    without = {c.shape["batch_size"] for c in asked if not c.autograd}
+    with_gradients = {c.shape["batch_size"] for asked in rung_submits for c in asked if c.autograd}
+    without = {c.shape["batch_size"] for asked in rung_submits for c in asked if not c.autograd}
     assert with_gradients == {1, 7, 8, 32} and {1, 8, 32} <= without, (with_gradients, without)
+
+
+def test_a_candidate_submitted_again_is_waited_for_not_compiled_again(monkeypatch):
+    submitted = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            submitted.append(args)
+            return f"future {len(submitted)}"
+    monkeypatch.setattr(prewarm, "enabled", lambda device: True)
+    monkeypatch.setattr(prewarm, "_unsupported", lambda: None)
+    monkeypatch.setattr(prewarm, "start", lambda device, log=None: None)
+    monkeypatch.setattr(prewarm, "_pool", Pool())
+    monkeypatch.setattr(prewarm, "_submitted", {})
+    monkeypatch.setattr(prewarm, "is_triton", lambda cls: True)
+    config = {"block_m": 16}
+    ask = lambda *candidates: prewarm.submit("matmul_gelu_softmax", "cuda", "float32", "any", "fp32",  # noqa: E731
+                                              list(candidates)).futures
+    assert ask(prewarm.Compile("triton", config, SHAPE, True)) == ["future 1"]
+    again = ask(prewarm.Compile("triton", dict(config), dict(SHAPE), True), prewarm.Compile("triton", config, SHAPE))
+    assert again == ["future 1", "future 2"] and len(submitted) == 2
+    assert ask(prewarm.Compile("triton", config, {**SHAPE, "batch_size": 1}, True)) == ["future 3"]
 
 
 @pytest.mark.gpu

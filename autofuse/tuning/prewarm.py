@@ -3,8 +3,9 @@
 A Triton configuration compiles at its first call, in the worker, one at a time: 2-5 s each on
 an H100's host, and the gate's odd-sized case compiles another specialization, so on 99 at fp32
 about half of a search's seconds went to compiling one kernel after another. Before the worker
-measures a batch of trials (``autofuse.tuning.search``) or a batch class's candidates, ``warm``
-has a pool of processes run each Triton candidate once at the shapes it will run at, under
+measures a batch of trials (``autofuse.tuning.search``), ``warm`` (for the batch classes' rungs,
+``submit``, waited for a rung at a time while the worker races the rungs before it) has a pool
+of processes run each Triton candidate once at the shapes it will run at, under
 ``launch.compiling_only``: Triton compiles exactly what the launch would run into its on-disk
 cache, and nothing is launched, so the GPU the worker times is left alone. The worker's first
 call then loads the kernel instead of compiling it.
@@ -33,6 +34,7 @@ from autofuse.tuning.worker import redirect_output
 # Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
 WAIT_S = 300.0
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
+_submitted: dict[tuple, concurrent.futures.Future] = {}  # what this pool was asked to compile, by candidate
 
 
 def jobs() -> int:
@@ -80,17 +82,48 @@ def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
     shape) for a forward without gradients; one process per candidate) and return when all are
     done, or after ``WAIT_S``. One alone is left to the worker: compiling it here first would gain
     nothing."""
+    if sum(is_triton(registry.variants(problem).get(c[0])) for c in candidates) >= 2:
+        submit(problem, device, dtype, mode, precision, candidates, log).wait()
+
+
+class Pending:
+    """Compiles ``submit`` started; ``wait`` returns when they are done, or after ``WAIT_S``."""
+
+    def __init__(self, futures: list):
+        self.futures = futures
+
+    def wait(self) -> None:
+        try:
+            concurrent.futures.wait(self.futures, timeout=WAIT_S)
+        except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError):
+            _shutdown()
+
+
+def submit(problem: str, device: str, dtype: str, mode: str, precision: str,
+           candidates: list[Compile | tuple[str, dict, dict]], log: str | None = None) -> Pending:
+    """Start compiling the Triton kernels of ``candidates`` (as ``warm``) and return at once, so
+    the caller's worker may measure something else meanwhile (a lone candidate too: it gains by
+    the overlap); ``Pending.wait`` before the worker runs them. A candidate submitted before (in
+    flight or done) is not compiled again: its compile is waited for, not started over in another
+    process, which would finish later (Triton's cache has no lock across processes)."""
     variants = registry.variants(problem)
     todo = [Compile(*c) for c in candidates if is_triton(variants.get(c[0]))]
-    if len(todo) < 2 or not enabled(device) or _unsupported():
-        return
+    if not todo or not enabled(device) or _unsupported():
+        return Pending([])
     start(device, log)
+    futures = []
     try:
-        futures = [_pool.submit(compile_candidate, problem, device, dtype, mode, precision, c.variant, c.params,
-                                c.shape, log, c.autograd) for c in todo]
-        concurrent.futures.wait(futures, timeout=WAIT_S)
+        for c in todo:
+            key = (problem, device, dtype, mode, precision, c.variant, repr(sorted(c.params.items())),
+                   repr(sorted(c.shape.items())), c.autograd)
+            if key not in _submitted:
+                _submitted[key] = _pool.submit(compile_candidate, problem, device, dtype, mode, precision, c.variant,
+                                               c.params, c.shape, log, c.autograd)
+            futures.append(_submitted[key])
+        return Pending(futures)
     except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError, AttributeError):
         _shutdown()  # a pool process died (or could not start): the worker compiles; a new pool next time
+        return Pending([])
 
 
 def _quiet() -> None:
@@ -188,3 +221,4 @@ def _shutdown(wait: bool = False) -> None:
     if _pool is not None:
         _pool.shutdown(wait=wait, cancel_futures=True)
         _pool = None
+    _submitted.clear()

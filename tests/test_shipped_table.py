@@ -40,21 +40,22 @@ def test_no_shipped_entry_is_stale(problem, shape, key, entry):
 
 
 def _tuned_families():
-    """(problem, tuned shape key, dispatch key) of every entry a search wrote (not a batch class's)."""
-    return sorted({(p, s, k) for _, p, s, k, e in ENTRIES
+    """(device section, problem, tuned shape key, dispatch key) of every entry a search wrote (not a
+    batch class's), in every device section the table holds."""
+    return sorted({(d, p, s, k) for d, p, s, k, e in ENTRIES
                    if "rung_of" not in e and registry.get_problem(p).batch_dim is not None})
 
 
-@pytest.mark.parametrize("problem, shape, key", _tuned_families(),
-                         ids=[f"{p}-{s.split(',')[0]}-{k}" for p, s, k in _tuned_families()])
-def test_every_batch_of_a_tuned_family_is_served_by_a_gated_entry_at_its_precision(problem, shape, key):
+@pytest.mark.parametrize("device_key, problem, shape, key", _tuned_families(),
+                         ids=[f"{d.split('|')[1]}-{p}-{s.split(',')[0]}-{k}" for d, p, s, k in _tuned_families()])
+def test_every_batch_of_a_tuned_family_is_served_by_a_gated_entry_at_its_precision(device_key, problem, shape, key):
     """Issue 34's batches (1 or a training BatchNorm's 2, 8, 37, 100, 512, B-1, B+1, 2B): the entry
     the runtime would serve on the table's GPU is of the key's own precision and of the family's
     tune (the entry at B, or one its batch classes gated: ``rung_of``), never the reference, a
     stricter precision's entry or another tune's. benchmarks/gpu/batch_class_gaps.py checks every
     batch from 1 to 2B."""
     prob, dkey = registry.get_problem(problem), DispatchKey.from_str(key)
-    [(_, device)] = DispatchTable(SHIPPED).load()["devices"].items()
+    device = DispatchTable(SHIPPED).load()["devices"][device_key]
     tuned, shapes = parse_shape_key(shape), device["problems"][problem]
     assert any(by_key.get(key, {}).get("rung_of") == shape for by_key in shapes.values()), (
         "tuned without batch classes: another batch is served by an entry gated only at B "

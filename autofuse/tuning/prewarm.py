@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from autofuse.core import registry
+from autofuse.tuning import timeline
 from autofuse.tuning.worker import redirect_output
 
 # Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
@@ -93,8 +94,11 @@ class Pending:
         self.futures = futures
 
     def wait(self) -> None:
+        if not self.futures:
+            return
         try:
-            concurrent.futures.wait(self.futures, timeout=WAIT_S)
+            with timeline.span(f"compile pool: wait for {len(self.futures)} compiles"):
+                concurrent.futures.wait(self.futures, timeout=WAIT_S)
         except (concurrent.futures.process.BrokenProcessPool, RuntimeError, OSError):
             _shutdown()
 

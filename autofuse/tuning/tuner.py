@@ -32,7 +32,7 @@ from autofuse.core.problem import Problem
 from autofuse.errors import AutofuseError, InputError, TableError
 from autofuse.serve.dispatch import bad_entry
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, shape_key
-from autofuse.tuning import batch_classes, parallel, placement
+from autofuse.tuning import batch_classes, parallel, placement, timeline
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
@@ -249,7 +249,8 @@ def log_path(problem: str, shape: dict, settings: dict) -> pathlib.Path:
 
 def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     started = time.monotonic()
-    spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan, table)
+    with timeline.span(f"setup {prob.name} {prob.shape_str(shape)} (spaces, device, study)"):
+        spaces, job, fingerprint, key, name, study = _open(prob, shape, settings, plan, table)
     budget = get_budget(plan.budget)
     total = _total(plan, spaces)
     before = len(studies.finished(study))
@@ -262,8 +263,9 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
                         plan.workers, study, total, label, plan.progress, command=[sys.executable, "-m", "autofuse.tuning.tuner"])
         # What they left undone (a worker died, say) this process searches for itself.
         timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-    results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout,
-                     plan.progress and plan.workers == 1, label, budget, provisional)
+    with timeline.span(f"search {label} ({key.to_str()})"):
+        results = search(study, spaces, job, worker, total, timeout, plan.trial_timeout,
+                         plan.progress and plan.workers == 1, label, budget, provisional)
     rows = _rows(results, registry.variants(prob.name), spaces)
     by_speed = _timed_by_speed(results, spaces)
     n_done = len(studies.finished(study))
@@ -276,16 +278,18 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     if kept:
         winner, grad_winner = recorded
     else:
-        winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done, name,
-                                      by_speed, budget)
+        with timeline.span(f"choice and autograd entry {label}"):
+            winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done,
+                                          name, by_speed, budget)
         for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
         rescue = _record(table, fingerprint, prob, shape, key, winner, grad_winner)
     entries_s = None  # with batch classes: when the key's own entries were written, before the classes' work
     if plan.batch_classes and winner is not None and prob.batch_dim is not None:
         entries_s = time.monotonic() - started
-        items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker, plan,
-                                    batch_classes.Searched(results, spaces, name, kept), label)
+        with timeline.span(f"batch classes {label}"):
+            items = batch_classes.cover(prob, shape, job, key, fingerprint, table, (winner, grad_winner), worker,
+                                        plan, batch_classes.Searched(results, spaces, name, kept), label)
         _record_items(table, items, rescue)
     return TuneResult(prob.name, shape, fingerprint, key, winner, grad_winner, rows, str(table.path),
                       time.monotonic() - started, provisional.first_s, job.log, entries_s)

@@ -28,6 +28,8 @@ if __name__ == "__main__":
     # child stays in the parent's process group: tune-on-miss kills a background tune by its group.
     signal.signal(signal.SIGINT, lambda signum, frame: None)
 
+from autofuse.tuning import timeline  # noqa: E402
+
 # Candidate and Job are defined in outcome, below evaluate (which the child runs); callers still import them from here.
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: E402, F401
 
@@ -63,6 +65,12 @@ class Worker:
 
     def call(self, op: str, payload: tuple, timeout: float) -> Any:
         """Run ``op`` in the worker; a death or overrun becomes a TrialResult instead of an exception."""
+        with timeline.span(f"worker {timeline.describe_call(op, payload)}") as outcome:
+            result = self._call(op, payload, timeout)
+            outcome.append(result.outcome.value if isinstance(result, TrialResult) else "")
+            return result
+
+    def _call(self, op: str, payload: tuple, timeout: float) -> Any:
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         self._conn.send((op, payload))

@@ -6,8 +6,10 @@
 #   gemm_bn   autofuse tune gemm_bn: every default shape, train (forward and autograd entries)
 #   untabled  kb2-99 fp32 at in/out 6144 (in no table), --budget quick then --budget full
 #   untabled-quick  the same, --budget quick only
-# Each part prints autofuse tune's own summary (wall time per key, first entry, winners). Logs
-# and tables go under $OUT (or ./tuning-time-out).
+# Each part prints autofuse tune's own summary (wall time per key, first entry, winners). Logs,
+# tables and each tune's timeline ($AUTOFUSE_TIMELINE: every phase, worker call and pool wait, with
+# its seconds) go under $OUT (or ./tuning-time-out). The search's length varies with its seed:
+# compare two trees with one seed, e.g. SEED=7 (passed as --seed).
 set -uo pipefail
 OUT=${OUT:-tuning-time-out}; mkdir -p "$OUT"
 parts=("$@"); [[ ${#parts[@]} -gt 0 ]] || parts=(key99 gemm_bn untabled)
@@ -17,8 +19,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
 tune() {  # NAME ARGS...: a tune in a fresh $AUTOFUSE_HOME, its summary and wall time
     local name=$1; shift
     export AUTOFUSE_HOME="$OUT/home-$name"; rm -rf "$AUTOFUSE_HOME"
+    [[ -n ${SEED:-} ]] && set -- "$@" --seed "$SEED"
     local start=$SECONDS
-    autofuse tune "$@" --no-progress > "$OUT/$name.txt" 2>&1
+    AUTOFUSE_TIMELINE="$OUT/$name.timeline" autofuse tune "$@" --no-progress > "$OUT/$name.txt" 2>&1
     echo "== $name: autofuse tune $* ($((SECONDS - start)) s wall, process start included)"
     grep -E "^(winner|autograd winner|tuned in)" "$OUT/$name.txt"
 }

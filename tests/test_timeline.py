@@ -1,0 +1,57 @@
+"""$AUTOFUSE_TIMELINE: a tune writes where its seconds went (``autofuse.tuning.timeline``)."""
+
+import autofuse
+from autofuse.tuning import timeline
+from autofuse.tuning.outcome import Candidate, Job
+
+SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
+
+
+def _tune(tmp_path, **kwargs):
+    return autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=1, n_trials=2,
+                         variants=["eager", "simplified"], progress=False, table=tmp_path / "t.json", **kwargs)
+
+
+def test_a_tune_writes_its_phases_and_every_worker_call_with_its_outcome(tmp_path, monkeypatch):
+    path = tmp_path / "timeline.txt"
+    monkeypatch.setenv("AUTOFUSE_TIMELINE", str(path))
+    [result] = _tune(tmp_path)
+    lines = [line.split(None, 2) for line in path.read_text().splitlines()]
+    spans = [(float(start), float(seconds), what) for start, seconds, what in lines]
+    assert all(start >= 0 and seconds >= 0 for start, seconds, _ in spans)
+    phases = {what.split()[0]: (start, seconds) for start, seconds, what in spans
+              if what.split()[0] in ("setup", "search", "choice", "batch")}
+    assert list(phases) == ["setup", "search", "choice", "batch"], [w for _, _, w in spans]
+    order = [phases[p][0] for p in ("setup", "search", "choice", "batch")]
+    assert order == sorted(order)
+    # Each trial the search measured is a worker call inside the search's span, with its outcome.
+    start, seconds = phases["search"]
+    inside = [what for s, d, what in spans if what.startswith("worker evaluate") and start <= s <= start + seconds]
+    measured = sum(row.trials for row in result.rows)
+    assert len(inside) == measured and all(what.rsplit(None, 1)[1] in ("ok", "out_of_reach") for what in inside), inside
+    # The autograd entry's calls carry their gradients, the batch classes' their batch.
+    assert any("+grad" in what for _, _, what in spans)
+    assert any("at batch_size=1," in what for _, _, what in spans)
+
+
+def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("AUTOFUSE_TIMELINE", raising=False)
+    written = []
+    monkeypatch.setattr(timeline, "_write", lambda *args: written.append(args))
+    _tune(tmp_path, autograd_entry=False, batch_classes=False)
+    assert written == []
+
+
+def test_an_unwritable_timeline_never_fails_what_it_times(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_TIMELINE", str(tmp_path / "no" / "such" / "dir" / "timeline.txt"))
+    with timeline.span("something") as outcome:
+        outcome.append("done")
+
+
+def test_a_worker_call_is_described_by_its_batch_candidate_and_whether_it_is_gated():
+    job = Job("matmul_gelu_softmax", SHAPE, "cpu", "float32", "fp32", "any", 1)
+    candidate = Candidate("triton", {"block_m": 16}, autograd=True)
+    assert timeline.describe_call("evaluate", (job, candidate, None, False)) == (
+        "evaluate at batch_size=16,in_features=48,out_features=40 triton[block_m=16] +grad (timed only)")
+    assert timeline.describe_call("retime", (job, [candidate, candidate], 50)).endswith(" 2 candidates")
+    assert timeline.describe_call("gemm_floor", (job,)) == "gemm_floor at batch_size=16,in_features=48,out_features=40"

@@ -1,5 +1,7 @@
 """$AUTOFUSE_TIMELINE: a tune writes where its seconds went (``autofuse.tuning.timeline``)."""
 
+import os
+
 import autofuse
 from autofuse.tuning import timeline
 from autofuse.tuning.outcome import Candidate, Job
@@ -16,8 +18,9 @@ def test_a_tune_writes_its_phases_and_every_worker_call_with_its_outcome(tmp_pat
     path = tmp_path / "timeline.txt"
     monkeypatch.setenv("AUTOFUSE_TIMELINE", str(path))
     [result] = _tune(tmp_path)
-    lines = [line.split(None, 2) for line in path.read_text().splitlines()]
-    spans = [(float(start), float(seconds), what) for start, seconds, what in lines]
+    lines = [line.split(None, 3) for line in path.read_text().splitlines()]
+    assert {pid for _, _, pid, _ in lines} == {str(os.getpid())}
+    spans = [(float(start), float(seconds), what) for start, seconds, _, what in lines]
     assert all(start >= 0 and seconds >= 0 for start, seconds, _ in spans)
     phases = {what.split()[0]: (start, seconds) for start, seconds, what in spans
               if what.split()[0] in ("setup", "search", "choice", "batch")}

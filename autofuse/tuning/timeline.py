@@ -1,17 +1,18 @@
 """What a tune's seconds went to: with ``$AUTOFUSE_TIMELINE`` naming a file, the tuning process
-appends a line for each phase of a key (its search, its choice and autograd entry, its batch
+appends a line for each phase of a key (its setup, search, choice and autograd entry, batch
 classes), each call into the worker (what it ran, on which candidate and batch, and the outcome)
 and each wait on the compile pool (``autofuse.tuning.prewarm``):
 
-    <start s> <seconds> <what>
+    <start s> <seconds> <pid> <what>
 
-with the start counted from the first line the process wrote. A tune's wall time is the
-worker's calls (measuring, gating, and compiling where the pool did not) plus the pool waits
-plus what the tuning process does itself, so the lines show where a slow tune stands waiting:
-kb2-99's on an H200 host showed the autograd entry's training step compiling for 18 s in the
-worker, and its batch classes waiting 17 s on the pool before their first race
-(``benchmarks/gpu/tuning_time.sh`` writes one per tune). Unset, nothing is written and nothing is
-timed.
+with the start counted from the process's first span (``--workers`` processes append their
+searches' lines to the same file, each from its own start: the pid tells them apart). A tune's
+wall time is the worker's calls (measuring, gating, and compiling where the pool did not) plus
+the pool waits plus what the tuning process does itself, so the lines show where a slow tune
+stands waiting: kb2-99's on an H200 host showed the autograd entry's training step compiling for
+18 s in the worker, and its batch classes waiting 17 s on the pool before their first race
+(``benchmarks/gpu/tuning_time.sh`` writes one per tune). Unset, nothing is written and nothing
+is timed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import contextlib
 import os
 import time
 
-_started: list[float] = []  # when this process wrote its first line
+_started: list[float] = []  # when this process opened its first span
 
 
 def enabled() -> bool:
@@ -61,6 +62,6 @@ def describe_call(op: str, payload: tuple) -> str:
 def _write(start: float, seconds: float, what: str) -> None:
     try:
         with open(os.environ["AUTOFUSE_TIMELINE"], "a") as f:
-            f.write(f"{start - _started[0]:8.2f} {seconds:7.2f} {what}\n")
+            f.write(f"{start - _started[0]:8.2f} {seconds:7.2f} {os.getpid()} {what}\n")
     except (OSError, KeyError):
         pass  # a diagnostic: an unwritable path never fails the tune

@@ -109,3 +109,48 @@ def test_the_l2_flush_reads_its_buffer_and_writes_nothing_the_next_call_would_wr
     timing._flush_l2(device)
     assert buffer._version == version and not buffer.any()  # read, never written again
     assert timing._flush_buffers[0][0] is buffer  # made once per device
+
+
+class _Retimer:
+    """A worker whose interleaved re-timing returns recorded timings, by candidate label."""
+
+    def __init__(self, timings: dict):
+        self.timings, self.asked = timings, []
+
+    def call(self, op, payload, timeout):
+        assert op == "retime"
+        _, candidates, _ = payload
+        self.asked = [c.label() for c in candidates]
+        return {label: self.timings[label] for label in self.asked}
+
+
+def _config_row(variant, rank, params, trial):
+    return Row(variant, rank, params, TrialResult(Outcome.OK, None, 1e-7, trial), 1)
+
+
+def test_a_configuration_near_its_variants_best_is_re_timed_beside_it_and_can_win():
+    """One trial's timing drifts with its moment (kb2-99 fp32, H200: the persistent TMA tile measured
+    first, while the compile pool started, and lost the search by 3%): the final choice re-times the
+    near ones too, without taking another variant's place."""
+    from autofuse.tuning.outcome import Candidate, Job
+    from autofuse.tuning.selection import choose
+
+    job = Job("matmul_gelu_softmax", {"batch_size": 16}, "cpu", "float32", "fp32", "any", 1)
+    best = _config_row("triton", 7, {"persistent": False}, Timing(0.748, 0.747, 0.749, 30))
+    near = [_config_row("triton", 7, {"persistent": True}, Timing(0.760, 0.759, 0.761, 30)),
+            _config_row("triton", 7, {"stages": 4}, Timing(0.770, 0.769, 0.771, 30)),
+            _config_row("triton", 7, {"stages": 5}, Timing(0.780, 0.779, 0.781, 30)),
+            _config_row("cuda_tiled", 4, {"tile": 16}, Timing(0.9, 0.89, 0.91, 30))]  # its variant is not in the race
+    simplified = _config_row("simplified", 1, {}, Timing(2.75, 2.74, 2.76, 30))
+    label = lambda row: Candidate(row.variant, row.params).label()  # noqa: E731
+    retimed = {label(best): Timing(0.750, 0.749, 0.751, 50), label(near[0]): Timing(0.727, 0.726, 0.728, 50),
+               label(near[1]): Timing(0.771, 0.770, 0.772, 50), label(simplified): Timing(2.75, 2.74, 2.76, 50),
+               "eager-baseline": Timing(2.75, 2.74, 2.76, 50)}
+    worker = _Retimer(retimed)
+    entry = choose(job, [simplified, best], worker, 60, autograd=False, near=near)
+    assert entry["params"] == {"persistent": True} and entry["median_ms"] == 0.727
+    # Both rows are re-timed, and the two nearest configurations (not the third, nor cuda_tiled's).
+    assert sorted(worker.asked) == sorted([label(simplified), label(best), label(near[0]), label(near[1])])
+    # Without them the trial's order stands.
+    worker = _Retimer(retimed)
+    assert choose(job, [simplified, best], worker, 60, autograd=False)["params"] == {"persistent": False}

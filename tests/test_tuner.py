@@ -265,3 +265,35 @@ def test_an_illegal_memory_access_is_recorded_and_the_tune_goes_on_in_a_fresh_wo
     assert "illegal memory access" in next(r.result.reason for r in result.rows if r.variant == "illegal_access")
     assert outcomes["eager"] is Outcome.OK and outcomes["cuda_tiled"] is Outcome.OK
     assert result.winner is not None
+
+
+def test_the_final_choice_re_times_a_variants_near_configurations_and_the_winner_replaces_its_row():
+    from autofuse.core import registry
+    from autofuse.tuning import study as studies
+    from autofuse.tuning import tuner
+    from autofuse.tuning.outcome import Job, TrialResult
+    from autofuse.tuning.timing import Timing
+
+    configs = registry.get_variant("matmul_gelu_softmax", "triton").configs(SMALL, "cpu")[:4]
+    ok = lambda ms: TrialResult(Outcome.OK, None, 1e-7, Timing(ms, ms, ms, 30))  # noqa: E731
+    key = lambda c: ("triton", studies.config_label(c))  # noqa: E731
+    results = {key(configs[0]): ok(1.00), key(configs[1]): ok(1.04), key(configs[2]): ok(1.06),
+               key(configs[3]): TrialResult(Outcome.OUT_OF_REACH, "slow", None, Timing(1.01, 1.01, 1.01, 30)),
+               ("eager", studies.config_label({})): ok(3.0)}
+    spaces = {"triton": configs, "eager": [{}]}
+    rows = tuner._rows(results, {n: registry.get_variant("matmul_gelu_softmax", n) for n in spaces}, spaces)
+    near = tuner._near_ties(results, rows, spaces)
+    # Gated, within 5% of the variant's best, not the best itself; an out-of-reach one is not gated.
+    assert [(r.variant, r.params) for r in near] == [("triton", configs[1])]
+
+    class Worker:
+        def call(self, op, payload, timeout):
+            ms = lambda c: 3.0 if c.variant == "eager" else 0.9 if c.params == configs[1] else 1.0  # noqa: E731
+            return {c.label(): Timing(ms(c), ms(c), ms(c), 50) for c in payload[1]}
+
+    job = Job("matmul_gelu_softmax", SMALL, "cpu", "float32", "fp32", "any", 1)
+    winner, _ = tuner._finish(registry.get_problem("matmul_gelu_softmax"), job, rows, Worker(), 60, False, 4, "s",
+                              near=near)
+    assert winner["params"] == configs[1]
+    [triton] = [row for row in rows if row.variant == "triton"]
+    assert triton.params == configs[1] and winner["candidates"]["triton"]["params"] == configs[1]

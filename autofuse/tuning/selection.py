@@ -15,6 +15,7 @@ from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.timing import Timing
 
 TOP_K = 3
+NEAR_K = 2
 # Below this, a difference is not taken as real whatever the spreads say. Interleaved medians of
 # the GEMM-bound candidates repeated within 0.3% between runs on an H200,
 # and a fused epilogue's whole gain over eager there is 1-2%: a 2% floor could never see it.
@@ -44,8 +45,12 @@ class Row:
         return self.final or (self.result.timing if self.ok else None)
 
 
-def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bool) -> dict | None:
-    """The table entry of the winner among ``rows`` (None if none passed); fills in rows' final timings."""
+def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bool,
+           near: list[Row] = ()) -> dict | None:
+    """The table entry of the winner among ``rows`` (None if none passed); fills in rows' final
+    timings. ``near``: other configurations of the rows' variants, re-timed beside the best
+    ``TOP_K`` rows where their variant is among them (at most ``NEAR_K``), without taking a place
+    of another variant's."""
     # Ranked by the 20th percentile: a call the host delayed only ever reads slower, so the low
     # quantile is the steadiest estimate of device time (51's single_pass once read a median of
     # 0.107 ms and a p20 of 0.073 in a trial, 0.052 in a quiet run) and keeps a good candidate
@@ -53,6 +58,8 @@ def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bo
     ok = sorted((r for r in rows if r.ok), key=lambda r: r.result.timing.p20_ms)[:TOP_K]
     if not ok:
         return None
+    ok += sorted((r for r in near if r.ok and r.variant in {o.variant for o in ok}),
+                 key=lambda r: r.result.timing.p20_ms)[:NEAR_K]
     # By row, not by variant: a batch class races several configurations of one variant.
     candidates = [Candidate(r.variant, r.params, autograd, r.precision) for r in ok]
     rounds = int(max(10, min(50, RETIME_BUDGET_MS / sum(r.result.timing.median_ms for r in ok))))

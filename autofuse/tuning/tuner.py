@@ -454,9 +454,9 @@ def _near_ties(results: dict, rows: list[Row], spaces: dict) -> list[Row]:
     for row in rows:
         if not row.ok:
             continue
+        best, reach = studies.config_label(row.params), NEAR_TIE * row.result.timing.median_ms
         mine = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
-                      if v == row.variant and r.outcome is Outcome.OK and label != studies.config_label(row.params)
-                      and r.timing.median_ms <= NEAR_TIE * row.result.timing.median_ms)
+                      if v == row.variant and label != best and r.outcome is Outcome.OK and r.timing.median_ms <= reach)
         configs = {studies.config_label(c): c for c in spaces.get(row.variant, ())}
         near += [Row(row.variant, row.rank, configs[label], results[(row.variant, label)], row.trials)
                  for _, label in mine if label in configs]

@@ -17,10 +17,11 @@ def _tune(tmp_path, **kwargs):
 def test_a_tune_writes_its_phases_and_every_worker_call_with_its_outcome(tmp_path, monkeypatch):
     path = tmp_path / "timeline.txt"
     monkeypatch.setenv("AUTOFUSE_TIMELINE", str(path))
+    monkeypatch.delenv(timeline.ORIGIN, raising=False)
     [result] = _tune(tmp_path)
     lines = [line.split(None, 3) for line in path.read_text().splitlines()]
-    assert {pid for _, _, pid, _ in lines} == {str(os.getpid())}
-    spans = [(float(start), float(seconds), what) for start, seconds, _, what in lines]
+    ours = [line for line in lines if line[2] == str(os.getpid())]
+    spans = [(float(start), float(seconds), what) for start, seconds, _, what in ours]
     assert all(start >= 0 and seconds >= 0 for start, seconds, _ in spans)
     phases = {what.split()[0]: (start, seconds) for start, seconds, what in spans
               if what.split()[0] in ("setup", "search", "choice", "batch")}
@@ -35,6 +36,17 @@ def test_a_tune_writes_its_phases_and_every_worker_call_with_its_outcome(tmp_pat
     # The autograd entry's calls carry their gradients, the batch classes' their batch.
     assert any("+grad" in what for _, _, what in spans)
     assert any("at batch_size=1," in what for _, _, what in spans)
+    # The worker subprocess writes what each call spent where, on the tuner's clock: each of its
+    # lines lies inside the tuner's span of the call it served.
+    theirs = [(float(start), float(seconds), what) for start, seconds, pid, what in lines if pid != str(os.getpid())]
+    kinds = {what.split()[0] for _, _, what in theirs}
+    assert {"build", "first", "gate:"} <= kinds, kinds
+    calls = [(s, d) for s, d, what in spans if what.startswith("worker ")]
+    slack = 0.02  # the printed starts and seconds are rounded to 10 ms
+    for start, seconds, what in theirs:
+        assert any(s - slack <= start and start + seconds <= s + d + slack for s, d in calls), (start, seconds, what)
+    started = [s + d for s, d, what in spans if what.startswith("worker start")]
+    assert started and min(start for start, _, _ in theirs) >= started[0] - slack
 
 
 def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ from autofuse.core.precision import math_mode, parse_dtype
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
 from autofuse.serve import graphs
+from autofuse.tuning import timeline
 from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
@@ -42,9 +43,13 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
     problem = registry.get_problem(job.problem)
     variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
     try:
-        variant.build(job.device)
-        timing = timed or time_callable(_timed_call(state, job, variant, candidate.autograd), job.device,
-                                        budget_ms=job.budget_ms)
+        with timeline.span(lambda: f"  build {candidate.label()}"):
+            variant.build(job.device)
+        if timed is None:
+            with timeline.span(lambda: f"  first calls (compiling) and timing {candidate.label()} {timeline.at(job.shape)}"):
+                timed = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device,
+                                      budget_ms=job.budget_ms)
+        timing = timed
     except BuildError as exc:  # a variant that compiles at its first call (torch.compile) failed to
         return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=getattr(variant, "compile_seconds", None))
     # Read after the first calls (the timing's warm-up, at the timed shape): they are the ones that compiled.

@@ -27,6 +27,7 @@ from torch import nn
 from autofuse.core.precision import dtype_name, math_mode
 from autofuse.core.problem import Problem, Tolerance
 from autofuse.core.variant import Variant
+from autofuse.tuning import timeline
 
 FLOOR_FACTOR = 4.0
 
@@ -238,12 +239,15 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
             continue  # a configuration made for other sizes (a row held in registers) is not run here
         key = (problem.name, case.describe(), str(device), dtype, mode, variant.precision)
         if key not in cache:
-            cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
-        error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
+            with timeline.span(lambda: f"  gate: prepare case {case.describe()}"):
+                cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
+        with timeline.span(lambda: f"  gate: check {variant.name} on {case.describe()}"):
+            error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
         if reason is None and autograd and problem.gradient_check_applies(case, mode, variant.precision):
             # Gradient errors are not folded into the reported error: some reference gradients
             # are exactly zero (the bias under training-mode BN), where a ratio means nothing.
-            _, reason = check_gradients(variant, problem, cache[key], mode)
+            with timeline.span(lambda: f"  gate: gradients of {variant.name} on {case.describe()}"):
+                _, reason = check_gradients(variant, problem, cache[key], mode)
         worst = max(worst, error)
         if reason is not None:
             return CheckResult(False, error, f"{reason} [case {case.describe()}]")

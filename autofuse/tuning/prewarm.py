@@ -30,6 +30,7 @@ import torch
 
 from autofuse.core import registry
 from autofuse.tuning import timeline
+from autofuse.tuning.outcome import Candidate
 from autofuse.tuning.worker import redirect_output
 
 # Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
@@ -148,9 +149,10 @@ def _output_to(log: str | None) -> None:
 def _ready(device: str, log: str | None) -> None:
     """A pool process's start: what every candidate needs, imported and opened once."""
     _output_to(log)
-    import autofuse.kernels.triton.launch  # noqa: F401
+    with timeline.span("  pool: process start (imports, CUDA context)"):
+        import autofuse.kernels.triton.launch  # noqa: F401
 
-    torch.empty(1, device=device)
+        torch.empty(1, device=device)
 
 
 def compile_candidate(problem: str, device: str, dtype: str, mode: str, precision: str, variant: str,
@@ -159,10 +161,15 @@ def compile_candidate(problem: str, device: str, dtype: str, mode: str, precisio
     ``autograd`` its forward with gradients and its backward too (their values are never read: a
     backward's torch operations run on what the unlaunched kernels left). Whether it compiled
     (False: it raised, which the worker will meet and record itself)."""
+    _output_to(log)
+    with timeline.span(lambda: f"  pool: compile {Candidate(variant, params, autograd).label()} {timeline.at(shape)}"):
+        return _compile(problem, device, dtype, mode, precision, variant, params, shape, autograd)
+
+
+def _compile(problem, device, dtype, mode, precision, variant, params, shape, autograd) -> bool:
     from autofuse.core.precision import parse_dtype
     from autofuse.kernels.triton.launch import compiling_only
 
-    _output_to(log)
     try:
         prob = registry.get_problem(problem)
         model, x = _case(prob, shape, device, parse_dtype(dtype), mode)

@@ -1,18 +1,20 @@
 """What a tune's seconds went to: with ``$AUTOFUSE_TIMELINE`` naming a file, the tuning process
 appends a line for each phase of a key (its setup, search, choice and autograd entry, batch
 classes), each call into the worker (what it ran, on which candidate and batch, and the outcome)
-and each wait on the compile pool (``autofuse.tuning.prewarm``):
+and each wait on the compile pool (``autofuse.tuning.prewarm``); the worker adds what each call
+spent where (the build, the first calls that compile and the timing, each gate case's
+preparation and check), and each pool process its compiles:
 
     <start s> <seconds> <pid> <what>
 
-with the start counted from the process's first span (``--workers`` processes append their
-searches' lines to the same file, each from its own start: the pid tells them apart). A tune's
-wall time is the worker's calls (measuring, gating, and compiling where the pool did not) plus
-the pool waits plus what the tuning process does itself, so the lines show where a slow tune
-stands waiting: kb2-99's on an H200 host showed the autograd entry's training step compiling for
-18 s in the worker, and its batch classes waiting 17 s on the pool before their first race
-(``benchmarks/gpu/tuning_time.sh`` writes one per tune). Unset, nothing is written and nothing
-is timed.
+with every start counted from the first span of the first process (its children inherit that
+origin through ``$AUTOFUSE_TIMELINE_ORIGIN``; the clock is the system's monotonic one, the
+same in every process), and the pid telling the processes apart. A tune's wall time is the
+worker's calls plus the pool waits plus what the tuning process does itself, so the lines show
+where a slow tune stands waiting: kb2-99's on an H200 host showed the autograd entry's training
+step compiling for 18 s in the worker, and its batch classes waiting 17 s on the pool before
+their first race (``benchmarks/gpu/tuning_time.sh`` writes one per tune). Unset, nothing is
+written and nothing is timed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
-_started: list[float] = []  # when this process opened its first span
+ORIGIN = "AUTOFUSE_TIMELINE_ORIGIN"  # the first span's start (time.monotonic()), for the processes started after it
 
 
 def enabled() -> bool:
@@ -29,14 +32,15 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def span(what: str):
-    """Time the block and write its line; the block may add its outcome to the list it is given."""
+def span(what: str | Callable[[], str]):
+    """Time the block and write its line (``what``, or what it returns: a description worth
+    building only when the timeline is on); the block may add its outcome to the list it is given."""
     if not enabled():
         yield []
         return
+    what = what() if callable(what) else what
     start, after = time.monotonic(), []
-    if not _started:
-        _started.append(start)
+    os.environ.setdefault(ORIGIN, repr(start))
     try:
         yield after
     finally:
@@ -48,7 +52,7 @@ def describe_call(op: str, payload: tuple) -> str:
     job = payload[0] if payload else None
     words = [op]
     if getattr(job, "shape", None):
-        words.append("at " + ",".join(f"{k}={v}" for k, v in job.shape.items()))
+        words.append(at(job.shape))
     candidate = payload[1] if len(payload) > 1 else None
     if hasattr(candidate, "label"):
         words.append(candidate.label())
@@ -59,9 +63,13 @@ def describe_call(op: str, payload: tuple) -> str:
     return " ".join(words)
 
 
+def at(shape: dict) -> str:
+    return "at " + ",".join(f"{k}={v}" for k, v in shape.items())
+
+
 def _write(start: float, seconds: float, what: str) -> None:
     try:
         with open(os.environ["AUTOFUSE_TIMELINE"], "a") as f:
-            f.write(f"{start - _started[0]:8.2f} {seconds:7.2f} {os.getpid()} {what}\n")
-    except (OSError, KeyError):
+            f.write(f"{start - float(os.environ[ORIGIN]):8.2f} {seconds:7.2f} {os.getpid()} {what}\n")
+    except (OSError, KeyError, ValueError):
         pass  # a diagnostic: an unwritable path never fails the tune

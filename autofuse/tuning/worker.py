@@ -65,14 +65,15 @@ class Worker:
 
     def call(self, op: str, payload: tuple, timeout: float) -> Any:
         """Run ``op`` in the worker; a death or overrun becomes a TrialResult instead of an exception."""
-        with timeline.span(f"worker {timeline.describe_call(op, payload)}") as outcome:
+        with timeline.span(lambda: f"worker {timeline.describe_call(op, payload)}") as outcome:
             result = self._call(op, payload, timeout)
             outcome.append(result.outcome.value if isinstance(result, TrialResult) else "")
             return result
 
     def _call(self, op: str, payload: tuple, timeout: float) -> Any:
         if self._proc is None or self._proc.poll() is not None:
-            self._start()
+            with timeline.span("worker start (imports, CUDA context)"):
+                self._start()
         self._conn.send((op, payload))
         if self._conn.poll(timeout):
             try:

@@ -9,7 +9,7 @@ import autofuse
 from autofuse.core import registry
 from autofuse.kernels.triton import variant as triton_variant
 from autofuse.tuning import prewarm, search
-from autofuse.tuning.outcome import Job
+from autofuse.tuning.outcome import Job, Outcome, TrialResult
 
 needs_triton = pytest.mark.skipif(triton_variant.triton_missing() is not None, reason="needs triton")
 SHAPE = {"batch_size": 16, "in_features": 48, "out_features": 40}
@@ -203,3 +203,48 @@ def test_a_pool_process_builds_each_problems_model_and_input_at_the_shape(proble
     assert model.training and x.shape == (9, 24)
     with torch.no_grad():
         assert model(x).shape[0] == 9
+
+
+def test_a_search_batch_asks_until_it_holds_enough_new_candidates_to_compile_together(monkeypatch):
+    """Repeats and pruned variants fill no batch: asked ``size`` trials alone, kb2-99's last batches
+    held one new Triton candidate each, which the worker then compiled alone (H200: 14 s of a
+    69 s search). Here the first three asks of a batch of three repeat a measured configuration."""
+    import optuna
+
+    from autofuse.tuning import search
+    from autofuse.tuning import study as studies
+    from autofuse.tuning.budget import BUDGETS
+    from autofuse.tuning.progress import TrialProgress
+    from autofuse.tuning.shared_study import SharedStudy
+    from autofuse.tuning.timing import Timing
+
+    configs = [{"block_m": m} for m in (16, 32, 64, 128)]
+    spaces = {"triton": configs}
+    script = [configs[0], configs[0], configs[0], configs[1], configs[0], configs[2], configs[3]]
+
+    def scripted(trial, spaces):
+        trial.suggest_categorical("variant", ["triton"])
+        return "triton", script.pop(0)
+    monkeypatch.setattr(studies, "suggest", scripted)
+    compiled = []
+    monkeypatch.setattr(search, "_prebuild", lambda candidates, job: compiled.append([c["block_m"] for _, c in candidates]))
+    measured = []
+
+    class Worker:
+        def call(self, op, payload, timeout):
+            measured.append(payload[1].params["block_m"])
+            return TrialResult(Outcome.OK, None, 1e-7, Timing(1.0, 0.99, 1.01, 10))
+
+    study = studies.open_study("batch", 1, optuna.storages.InMemoryStorage())
+    job = Job("matmul_gelu_softmax", SHAPE, "cuda", "float32", "fp32", "any", 1)
+    with SharedStudy(study) as shared, TrialProgress(4, 0, "batch", enabled=False) as bar:
+        progress = search._Progress(BUDGETS["full"], None)
+        search._measure_batch(shared, spaces, job, Worker(), 4, 1, 5, 60.0, bar, progress)  # the measured one
+        spent = search._measure_batch(shared, spaces, job, Worker(), 4, 3, 15, 60.0, bar, progress)
+    assert compiled == [[16], [32, 64, 128]] and measured == [16, 32, 64, 128]
+    assert spent == 6 and not script  # three repeats (told 16's result) and three new, asked in one batch
+    # A batch stops asking at its ``asks``: what it holds then is what it compiles.
+    script[:] = [configs[0]] * 4
+    with SharedStudy(study) as shared, TrialProgress(4, 0, "batch", enabled=False) as bar:
+        assert search._measure_batch(shared, spaces, job, Worker(), 8, 3, 4, 60.0, bar, search._Progress(BUDGETS["full"], None)) == 4
+    assert compiled[-1] == []

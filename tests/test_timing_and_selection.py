@@ -154,3 +154,34 @@ def test_a_configuration_near_its_variants_best_is_re_timed_beside_it_and_can_wi
     # Without them the trial's order stands.
     worker = _Retimer(retimed)
     assert choose(job, [simplified, best], worker, 60, autograd=False)["params"] == {"persistent": False}
+
+
+def test_the_re_timing_spends_its_rounds_counting_eager_and_a_lone_candidate_takes_the_fewest():
+    """A lone candidate's re-timing chooses nothing (it records its time beside eager's); a race's
+    rounds count eager's calls too (kb2-99 at batch 2048, H200: a lone training step re-timed for
+    50 rounds beside eager's, 3.3x slower, took 4.3 s)."""
+    from autofuse.tuning.selection import MAX_ROUNDS, MIN_ROUNDS, RETIME_BUDGET_MS, retime_rounds
+
+    step = _row("triton", 7, Timing(3.3, 3.2, 3.4, 30))
+    eager = Row("eager", 0, {}, TrialResult(Outcome.OUT_OF_REACH, "timed only", timing=Timing(11.0, 10.9, 11.1, 30)), 1)
+    assert retime_rounds([step], [step, eager]) == MIN_ROUNDS
+    # Long calls (gemm_bn's training steps at 16384 rows) take fewer rounds, eager's counted.
+    slow = [_row("triton", 7, Timing(30.0, 29.0, 31.0, 30)), _row("cublas_epilogue", 3, Timing(35.0, 34.0, 36.0, 30))]
+    eager = Row("eager", 0, {}, TrialResult(Outcome.OUT_OF_REACH, "timed only", timing=Timing(100.0, 99.0, 101.0, 30)), 1)
+    assert retime_rounds(slow, slow + [eager]) == int(RETIME_BUDGET_MS / (30 + 35 + 100))
+    # Without eager's time the slowest candidate stands in for it.
+    assert retime_rounds(slow, slow) == int(RETIME_BUDGET_MS / (30 + 35 + 35))
+    fast = [_row("triton", 7, Timing(0.1, 0.1, 0.1, 30)), _row("cuda_tiled", 4, Timing(0.2, 0.2, 0.2, 30))]
+    assert retime_rounds(fast, fast) == MAX_ROUNDS
+
+
+def test_a_training_steps_re_timing_times_eagers_training_step_and_not_its_forward():
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Candidate, Job
+
+    job = Job("matmul_gelu_softmax", {"batch_size": 4, "in_features": 16, "out_features": 8}, "cpu", "float32",
+              "fp32", "any", 1)
+    timed = evaluate.retime({}, job, [Candidate("simplified", {}, autograd=True)], 2)
+    assert set(timed) == {"simplified[] +grad", evaluate.BASELINE + " +grad"}
+    timed = evaluate.retime({}, job, [Candidate("simplified", {})], 2)
+    assert set(timed) == {"simplified[]", evaluate.BASELINE}

@@ -73,9 +73,12 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
 
 
 def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> dict[str, Timing]:
-    """Time already-verified candidates and the eager baseline round-robin in one run."""
+    """Time already-verified candidates and the eager baseline round-robin in one run (the
+    baseline as they run: a forward, or a training step where any runs with gradients)."""
     state = _job_state(state, job)
-    calls = {BASELINE: _timed_call(state, job, EagerVariant(job.precision), False)}
+    calls = {}
+    if not all(c.autograd for c in candidates):
+        calls[BASELINE] = _timed_call(state, job, EagerVariant(job.precision), False)
     for candidate in candidates:
         variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision,
                                                                       **candidate.params)

@@ -69,8 +69,8 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
                 # A fresh study's first candidate (the likeliest winner's default) goes alone: its
                 # provisional entry then comes before the first batch's builds (nvcc, seconds each).
                 size = min(ASK_BATCH, room) if view.results else 1
-                asks_left -= size
-                _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar, progress_of)
+                asks_left -= _measure_batch(shared, spaces, job, worker, total, size, min(asks_left, MAX_ASKS_PER_TRIAL * size),
+                                            trial_timeout, bar, progress_of)
             elif view.claims and len(view.results) < total and not expired:
                 shared.wait()  # their results may end the search, or their failure free room
             else:
@@ -155,20 +155,29 @@ class _Progress:
         return self.budget.stall is not None and self.best is not None and self.since_gain >= self.budget.stall
 
 
-def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar, progress) -> None:
-    """Ask ``size`` trials, compile their kernels together, measure what nobody has or does."""
-    batch = []
-    for _ in range(size):
+def _measure_batch(shared, spaces, job, worker, total, size, asks, trial_timeout, bar, progress) -> int:
+    """Ask trials until ``size`` of them are new (nobody measured or measures them, and their
+    variant is in the race) or ``asks`` are spent, compile the new ones' kernels together, then
+    measure them one at a time; return the asks spent.
+
+    Asking ``size`` alone, most of a batch was repeats and pruned variants once the defaults were
+    in (kb2-99's space, TPE as tuned, four seeds: 0-2 new candidates a batch of 8), and a lone new
+    Triton candidate compiles in the worker (``prewarm.warm``): the last four trials of kb2-99's
+    search compiled one after another, 14 s of its 69 (H200). The asks not yet told wait as
+    running trials, which TPE's constant liar steers away from."""
+    batch, new = [], {}
+    view = shared.view()
+    while len(new) < size and len(batch) < max(asks, 1):
         trial = shared.ask()
         name, config = studies.suggest(trial, spaces)
         # The claim other processes read (a configuration spans several params); at once, since
         # they wait for it before deciding about their higher-numbered trials.
         trial.set_user_attr("config", studies.config_label(config))
         batch.append((trial, name, config))
-    view = shared.view()
-    _prebuild([(name, config) for _, name, config in batch
-               if (name, studies.config_label(config)) not in view.results | view.claims
-               and progress.pruned(view.results, name) is None], job)
+        key = (name, studies.config_label(config))
+        if key not in view.results and key not in view.claims and progress.pruned(view.results, name) is None:
+            new.setdefault(key, (name, config))
+    _prebuild(list(new.values()), job)
     for trial, name, config in batch:
         key = (name, studies.config_label(config))
         view = shared.view(settled_below=trial.number)  # re-read: others may have measured or claimed it meanwhile
@@ -184,10 +193,13 @@ def _measure_batch(shared, spaces, job, worker, total, size, trial_timeout, bar,
             shared.drop(trial, f"trial {view.claims[key]} of another process measures {key}")
         elif view.ahead_of(trial.number) >= total:
             shared.drop(trial, f"the trial budget ({total}) was reached")
+        elif progress.stalled():  # as the search would have stopped, had the batch been smaller
+            shared.drop(trial, f"the search stalled ({progress.budget.stall} trials without a gain)")
         else:
             result = (_beyond_the_gemm(progress, job, worker, name, config, trial_timeout)
                       or worker.call("evaluate", (job, Candidate(name, config), progress.reach_ms()), trial_timeout))
             _tell(shared, trial, key, result)
+    return len(batch)
 
 
 def _beyond_the_gemm(progress, job, worker, name, config, trial_timeout) -> TrialResult | None:

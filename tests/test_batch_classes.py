@@ -266,6 +266,38 @@ def test_a_quick_rung_times_all_then_gates_the_fastest_first():
     assert worker.asked == [("triton", "gate"), ("simplified", "gate"), ("eager", "gate")]
 
 
+def test_at_a_compute_bound_rung_the_simplest_race_only_where_nothing_else_passes():
+    """kb2-99 fp32 (H200): eager ran 3.3-3.8x the winner at B, and its timing at rungs 512 and 2048
+    cost 3.5 s of a 33 s batch-class phase without ever coming within reach."""
+    from autofuse.tuning.outcome import Candidate, Job
+
+    ladder = batch_classes.Ladder(Candidate("triton", {}), [], [Candidate("simplified", {}), Candidate("eager", {})],
+                                  None, {}, speedup=3.75)
+    quick, full = BUDGETS["quick"], BUDGETS["full"]
+    assert ladder.fallbacks(512, quick) == {"simplified[]", "eager[]"}
+    assert ladder.fallbacks(64, quick) == set()  # memory-bound: eager may win there
+    assert ladder.fallbacks(512, full) == set()  # every candidate gated
+    near = dataclasses.replace(ladder, speedup=batch_classes.FALLBACK_SPEEDUP * quick.reach)
+    assert near.fallbacks(512, quick) == set() and dataclasses.replace(ladder, speedup=None).fallbacks(512, quick) == set()
+
+    job = Job("matmul_gelu_softmax", dict(TUNED), "cpu", "float32", "fp32", "any", 0)
+    names = ["triton", "simplified", "eager"]
+    candidates = [Candidate(name, {}) for name in names]
+    worker = ScriptedWorker({"triton": 0.7, "simplified": 2.7, "eager": 2.75})
+    said = []
+    result = batch_classes.run_rung(job, candidates, worker, 60.0, quick, lambda c, r: said.append(c.variant),
+                                    ladder.fallbacks(512, quick))
+    assert worker.asked == [("triton", "time"), ("triton", "gate")] and result.entry["variant"] == "triton"
+    assert [r.result.reason for r in result.rows[1:]] == ["not raced: a fallback, and another candidate passed"] * 2
+    assert sorted(said) == sorted(names)  # each candidate's outcome is told, the progress bar's total met
+    # Where the winner fails there, the fallbacks race as any candidate does.
+    worker = ScriptedWorker({"triton": 0.7, "simplified": 2.7, "eager": 2.75}, wrong={"triton"})
+    result = batch_classes.run_rung(job, candidates, worker, 60.0, quick, None, ladder.fallbacks(512, quick))
+    assert worker.asked == [("triton", "time"), ("triton", "gate"), ("simplified", "time"), ("eager", "time"),
+                            ("simplified", "gate"), ("eager", "gate")]
+    assert result.entry["variant"] == "simplified" and result.passed == {"simplified[]", "eager[]"}
+
+
 class GateAt:
     """A worker that gates any candidate, failing it at the batches given; it records (batch, params) asked."""
 

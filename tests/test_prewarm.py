@@ -132,6 +132,38 @@ def test_the_batch_classes_compile_every_rung_ahead_and_wait_for_each_before_rac
     assert with_gradients == {1, 7, 8, 32} and {1, 8, 32} <= without, (with_gradients, without)
 
 
+@needs_triton
+def test_the_rungs_compiles_are_submitted_once_the_forward_winner_is_chosen_before_the_autograd_entry(monkeypatch, tmp_path):
+    """The pool is idle while the worker compiles and gates the autograd entry's training step
+    (kb2-99 fp32, H200: 18-24 s), and the batch classes then waited 5.5 s for their first rung."""
+    from autofuse.tuning.worker import Worker
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    events = []
+    monkeypatch.setattr(prewarm, "submit", _Recorded(events))
+    call = Worker.call
+
+    def recorded_call(self, op, payload, timeout):
+        if op == "evaluate" and payload[1].autograd:
+            events.append(("autograd evaluate", payload[0].shape["batch_size"]))
+        return call(self, op, payload, timeout)
+    monkeypatch.setattr(Worker, "call", recorded_call)
+    [result] = autofuse.tune("matmul_gelu_softmax", SHAPE, device="cpu", seed=2, n_trials=2, variants=["triton", "eager"],
+                             autograd_entry=True, batch_classes=True, progress=False, table=tmp_path / "t.json")
+    first_grad = events.index(("autograd evaluate", SHAPE["batch_size"]))
+    ahead = {c for e in events[:first_grad] if e[0] == "submit" for c in map(_hashable, e[1])}
+    rungs = [e for e in events[first_grad:] if e[0] == "submit"]
+    assert ahead and any(c[3] for c in ahead) and any(not c[3] for c in ahead)  # the forward's rungs and the training step's
+    # Every rung's compile the batch classes ask for was asked for ahead, where the autograd entry
+    # took the forward winner's configuration (which it tries first).
+    if result.grad_winner["params"] == result.winner["params"]:
+        assert {c for e in rungs for c in map(_hashable, e[1])} <= ahead
+
+
+def _hashable(c: prewarm.Compile) -> tuple:
+    return c.variant, repr(sorted(c.params.items())), repr(sorted(c.shape.items())), c.autograd
+
+
 def test_a_candidate_submitted_again_is_waited_for_not_compiled_again(monkeypatch):
     submitted = []
 

@@ -35,7 +35,7 @@ from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import Budget
 from autofuse.tuning.budget import budget as get_budget
-from autofuse.tuning.outcome import Candidate, Job, Outcome
+from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.search import trial_shapes
 from autofuse.tuning.selection import Row, candidate_records, choose
@@ -52,6 +52,9 @@ RUNG_RATIO = 8
 # against 52.4), and a 16-row tile (rung 8's) was no better (55.3-65.7). The autograd ladder races the same few
 # configurations at every rung, so it gains nothing from another.
 MEMORY_BOUND_RUNGS = (32,)
+# At a compute-bound rung, the simplest variants race only where nothing else passes if eager was
+# beyond this many times the budget's reach at B (``Ladder.fallbacks``).
+FALLBACK_SPEEDUP = 2.0
 
 
 def rung_batches(problem: Problem, shape: dict, mode: str, autograd: bool = False) -> list[int]:
@@ -88,6 +91,19 @@ class Ladder:
     simplest: list[Candidate]  # eager and simplified: a rung always has a gated entry
     stricter: Candidate | None  # the winner's variant at the next stricter precision, where it is restricted
     spaces: dict  # the tune's admitted variants and their configurations at B
+    speedup: float | None = None  # the winner's time at B over eager's (its entry's ``speedup``)
+
+    def fallbacks(self, batch: int, budget: Budget) -> frozenset[str]:
+        """Labels of the simplest candidates that race at ``batch`` only where no other passes
+        (``run_rung``): at a rung of ``SMALL_BATCH`` rows or more, compute-bound as B is, where the
+        winner at B ran more than ``FALLBACK_SPEEDUP`` times the budget's reach faster than eager.
+        Timed there all the same, they cost kb2-99's rungs at 512 and 2048 (forward and training
+        step) 3.5 s of 33 and were never within reach (H200, fp32: eager 3.3-3.8x the winner at B).
+        None under an unlimited reach (``full``: every candidate gated)."""
+        if (batch < SMALL_BATCH or math.isinf(budget.reach) or self.speedup is None
+                or self.speedup <= FALLBACK_SPEEDUP * budget.reach):
+            return frozenset()
+        return frozenset(c.label() for c in self.simplest)
 
 
 def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spaces: dict, stricter_params: dict | None,
@@ -106,7 +122,7 @@ def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spa
     next_stricter = serving_order(precision)[1:2]
     if cls.only_where_gated(first.params) is not None and next_stricter and next_stricter[0] in cls.precisions:
         stricter = Candidate(first.variant, dict(stricter_params or {}), autograd, next_stricter[0])
-    return Ladder(first, runners, simplest, stricter, spaces)
+    return Ladder(first, runners, simplest, stricter, spaces, winner.get("speedup"))
 
 
 def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,
@@ -159,20 +175,43 @@ class RungResult:
 
 
 def run_rung(job: Job, candidates: list[Candidate], worker, trial_timeout: float, budget: Budget,
-             on_candidate=None) -> RungResult:
+             on_candidate=None, fallbacks: frozenset[str] = frozenset()) -> RungResult:
     """Race ``candidates`` at ``job``'s shape: time each, then gate them fastest first, each only
     within the budget's reach of the best gated so far (every one, in order, where the reach is
     infinite); then re-time the best few against eager and choose. Timing first spends the gate,
     most of a candidate's seconds, where it can matter: at small batches a fused training step
     can trail eager's far (gemm_bn train at batch 64, H100: 1.9 ms of mostly host time against
-    0.21), and its gradient check cost 10-24 s a rung."""
+    0.21), and its gradient check cost 10-24 s a rung. The candidates labelled in ``fallbacks``
+    (``Ladder.fallbacks``) race only where no other passed."""
     variants = registry.variants(job.problem)
+    racing = [i for i, c in enumerate(candidates) if c.label() not in fallbacks]
+    results, passed = _race(job, candidates, racing, worker, trial_timeout, budget, on_candidate)
+    if not passed:
+        later = [i for i in range(len(candidates)) if i not in racing]
+        results.update(_race(job, candidates, later, worker, trial_timeout, budget, on_candidate)[0])
+        passed = {candidates[i].label() for i in later if results[i].outcome is Outcome.OK}
+    for i in range(len(candidates)):
+        if i not in results:
+            results[i] = TrialResult(Outcome.OUT_OF_REACH, "not raced: a fallback, and another candidate passed")
+            if on_candidate is not None:
+                on_candidate(candidates[i], results[i])
+    rows = [Row(c.variant, variants[c.variant].rank(), c.params, results[i], 1, precision=c.precision)
+            for i, c in enumerate(candidates)]
+    autograd = bool(candidates) and candidates[0].autograd
+    entry = choose(job, rows, worker, trial_timeout, autograd=autograd)
+    return RungResult(job.shape[registry.get_problem(job.problem).batch_dim], entry, rows, passed)
+
+
+def _race(job: Job, candidates: list[Candidate], indices: list[int], worker, trial_timeout: float, budget: Budget,
+          on_candidate) -> tuple[dict[int, TrialResult], set[str]]:
+    """``run_rung``'s race of ``candidates[i]`` for i in ``indices``: each one's result, by index,
+    and the labels of those that passed."""
     if math.isinf(budget.reach):
-        order, first = list(range(len(candidates))), [None] * len(candidates)
+        order, first = list(indices), {i: None for i in indices}
     else:
-        first = [worker.call("evaluate", (job, c, None, False), trial_timeout) for c in candidates]
-        order = sorted(range(len(candidates)), key=lambda i: _timed_ms(first[i]))
-    results, passed, best = [None] * len(candidates), set(), None
+        first = {i: worker.call("evaluate", (job, candidates[i], None, False), trial_timeout) for i in indices}
+        order = sorted(indices, key=lambda i: _timed_ms(first[i]))
+    results, passed, best = {}, set(), None
     for i in order:
         candidate, timed = candidates[i], first[i]
         if timed is not None and timed.outcome is not Outcome.OUT_OF_REACH:  # it failed before any gate
@@ -189,11 +228,7 @@ def run_rung(job: Job, candidates: list[Candidate], worker, trial_timeout: float
         results[i] = result
         if on_candidate is not None:
             on_candidate(candidate, result)
-    rows = [Row(c.variant, variants[c.variant].rank(), c.params, r, 1, precision=c.precision)
-            for c, r in zip(candidates, results)]
-    autograd = bool(candidates) and candidates[0].autograd
-    entry = choose(job, rows, worker, trial_timeout, autograd=autograd)
-    return RungResult(job.shape[registry.get_problem(job.problem).batch_dim], entry, rows, passed)
+    return results, passed
 
 
 def _timed_ms(result) -> float:
@@ -267,18 +302,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched, plan.rungs)
     total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
     items = []
-    # Every rung's new specializations (batches of 1 and not a multiple of 16, the small tiles)
-    # compile in parallel (the autograd rungs' with their backward kernels, which one process
-    # compiles in turn), submitted in the order the rungs race and waited for a rung at a time, so
-    # the worker races the first rungs while the pool compiles the later ones. Compiled one after
-    # another in the worker, kb2-99's tune spent about 30 s of its 128 on an H100's host on them;
-    # compiled in parallel before any race, 17 of the 44 s its batch classes took on an H200's;
-    # overlapped with the races, its batch classes took 38 s against 45 (H200, one seed, one host).
-    compiling = [[prewarm.submit(prob.name, job.device, job.dtype, job.mode, job.precision,
-                                 [prewarm.Compile(c.variant, c.params, shape, dkey.autograd) for c in candidates
-                                  if c.precision is None
-                                  for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)],
-                                 job.log) for at, candidates in rungs] for entry, dkey, ladder, rungs in work]
+    compiling = _submit(prob, job, work)  # what ``compile_ahead`` submitted is waited for, not compiled again
     with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress and total > 0) as bar:
         for (entry, dkey, ladder, rungs), compiled in zip(work, compiling):
             done = []
@@ -287,8 +311,9 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                     bar.advance(f"batch {batch}: {candidate.label()} {result.outcome.value}")
 
                 rung_compiled.wait()
+                budget, batch = get_budget(plan.budget), at[prob.batch_dim]
                 done.append(run_rung(dataclasses.replace(job, shape=at), candidates, worker, plan.trial_timeout,
-                                     get_budget(plan.budget), said))
+                                     budget, said, ladder.fallbacks(batch, budget)))
             raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
             if searched.kept:  # the rungs left as they were keep what they found
@@ -307,6 +332,34 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
             if widened or total:
                 items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
     return items
+
+
+def compile_ahead(prob, shape, job, key, fingerprint, table, winner: dict, plan, searched: Searched) -> None:
+    """Submit the compiles of the forward's rungs as soon as its ``winner`` at B is chosen, and,
+    where its variant trains, those of the autograd rungs for the same configuration (the
+    autograd entry's first try, and most often its winner): the pool is idle while the worker
+    compiles and gates the autograd entry's training step (kb2-99 fp32, H200: 18-24 s), and the
+    batch classes then waited 5.5 s for their first rung's compiles. ``cover`` submits the same
+    compiles again, and waits for these (``prewarm.submit``); a speculation the autograd entry
+    does not take costs the pool alone."""
+    trains = plan.autograd_entry and registry.variants(prob.name)[winner["variant"]].supports_autograd
+    _submit(prob, job, _plan(prob, shape, job, key, fingerprint, table, (winner, winner if trains else None),
+                             get_budget(plan.budget), searched, plan.rungs))
+
+
+def _submit(prob, job, work) -> list[list[prewarm.Pending]]:
+    """Submit every rung's new specializations (batches of 1 and not a multiple of 16, the small
+    tiles) to the compile pool (the autograd rungs' with their backward kernels, which one process
+    compiles in turn), in the order the rungs race: the worker waits for a rung's alone, and races
+    the first rungs while the pool compiles the later ones. Compiled one after another in the
+    worker, kb2-99's tune spent about 30 s of its 128 on an H100's host on them; compiled in
+    parallel before any race, 17 of the 44 s its batch classes took on an H200's; overlapped with
+    the races, its batch classes took 38 s against 45 (H200, one seed, one host)."""
+    return [[prewarm.submit(prob.name, job.device, job.dtype, job.mode, job.precision,
+                            [prewarm.Compile(c.variant, c.params, shape, dkey.autograd) for c in candidates
+                             if c.precision is None
+                             for shape in trial_shapes(dataclasses.replace(job, shape=at), c.variant, c.params)],
+                            job.log) for at, candidates in rungs] for entry, dkey, ladder, rungs in work]
 
 
 def bridge(prob, shape, job, dkey, family: dict[int, dict], worker, trial_timeout: float) -> set[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -281,9 +282,12 @@ def _tune_shape(prob, shape, settings, worker, table, plan: Plan) -> TuneResult:
     if kept:
         winner, grad_winner = recorded
     else:
+        ahead = (functools.partial(batch_classes.compile_ahead, prob, shape, job, key, fingerprint, table, plan=plan,
+                                   searched=batch_classes.Searched(results, spaces, name, False))
+                 if plan.batch_classes and prob.batch_dim is not None else None)
         with timeline.span(f"choice and autograd entry {label}"):
             winner, grad_winner = _finish(prob, job, rows, worker, plan.trial_timeout, plan.autograd_entry, n_done,
-                                          name, by_speed, budget, _near_ties(results, rows, spaces))
+                                          name, by_speed, budget, _near_ties(results, rows, spaces), ahead)
         for note in _replaced_untried(held_before, prob, shape, winner, grad_winner):
             print(f"autofuse: {note}")
         rescue = _record(table, fingerprint, prob, shape, key, winner, grad_winner)
@@ -464,7 +468,7 @@ def _near_ties(results: dict, rows: list[Row], spaces: dict) -> list[Row]:
 
 
 def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, study_name, by_speed=None,
-            budget: Budget | None = None, near: list[Row] = ()):
+            budget: Budget | None = None, near: list[Row] = (), on_winner=None):
     """Re-time the best few interleaved (``near`` beside ``rows``: other configurations of a
     variant close to its best), choose, and (optionally) choose among autograd-capable
     ones, each gated with gradients and timed as a training step (``autofuse.tuning.timed_call``). A variant
@@ -472,13 +476,16 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
     (``GRAD_TRIES`` in all, from ``by_speed``) before it is given up. With a ``budget``, only
     variants whose forward is within its ``grad_reach`` of the best forward take part. Where a
     ``near`` configuration wins, it replaces its variant's row in ``rows`` (the summary, the
-    entry's candidates and the autograd entry's first try read it)."""
+    entry's candidates and the autograd entry's first try read it). ``on_winner`` hears of the
+    forward's winner before the autograd entry is measured (``batch_classes.compile_ahead``)."""
     variants = registry.variants(prob.name)
     winner = choose(job, rows, worker, trial_timeout, autograd=False, near=near)
     if winner is not None:
         for i, row in enumerate(rows):
             if row.variant == winner["variant"] and row.params != winner["params"]:
                 rows[i] = next(r for r in near if r.variant == row.variant and r.params == winner["params"])
+        if on_winner is not None:
+            on_winner(winner)
     grad_winner, grad_rows = None, []
     # Out-of-reach rows take part too: a slower forward can still make the faster training step.
     capable = [row for row in rows if row.result is not None and row.result.timing is not None

@@ -39,6 +39,31 @@ def test_a_batch_class_gets_the_case_a_fresh_build_would(problem_name, mode, dis
     assert torch.equal(kept_rng, rng)  # what draws from the global generator next sees the same state
 
 
+@pytest.mark.parametrize("problem_name,mode", [("gemm_bn", "train"), ("matmul_gelu_softmax", "any"),
+                                               ("gemm_avgpool_gelu_residual", "any")])
+def test_a_case_drawn_ahead_on_a_thread_is_the_one_a_fresh_build_draws(problem_name, mode):
+    """The worker draws a job's randomized cases while its first candidate compiles
+    (``gate.draw_ahead``); the gate then gets the same model, input and generator state, and
+    whatever drew from the global generator meanwhile is not disturbed."""
+    problem = registry.get_problem(problem_name)
+    cases = check_cases(problem, {"batch_size": 64, "in_features": 48, "out_features": 40}, 21)
+    gate._MODELS.clear()
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    gate.draw_ahead(problem, cases, "cpu", torch.float32, mode)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert len(gate._DRAWING) == sum(c.randomize for c in cases)
+    ahead = []
+    for case in cases:
+        ahead.append((build_case(problem, case, "cpu", torch.float32, mode), torch.get_rng_state()))
+    assert not gate._DRAWING  # each taken by the build that needed it
+    for case, ((model, x), rng) in zip(cases, ahead):
+        (want, want_x), want_rng = fresh(problem, case, mode)
+        assert torch.equal(x, want_x) and torch.equal(rng, want_rng) and model.training == want.training
+        for (name, a), (_, b) in zip(model.state_dict().items(), want.state_dict().items(), strict=True):
+            assert torch.equal(a, b), (case.describe(), name)
+
+
 def test_a_kept_model_is_a_copy():
     """A caller may train the model it gets (BatchNorm's running statistics move): the next case
     must still start from the drawn one."""

@@ -13,7 +13,7 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
 from autofuse.serve import graphs
 from autofuse.tuning import timeline
-from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant
+from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant, draw_ahead
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
@@ -42,6 +42,10 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
     variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
+    if gate and "drawing" not in state:  # the gate's cases drawn while this candidate compiles and is timed
+        _timing_case(state, job)  # first: it draws from the global generator too
+        draw_ahead(problem, check_cases(problem, job.shape, job.seed), job.device, parse_dtype(job.dtype), job.mode)
+        state["drawing"] = True
     try:
         with timeline.span(lambda: f"  build {candidate.label()}"):
             variant.build(job.device)

@@ -17,6 +17,7 @@ On well-conditioned inputs the floor is far below the tolerance, which then deci
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import copy
 import dataclasses
 from collections.abc import Mapping
@@ -74,6 +75,9 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
 # for bit (tests/test_gate_cases.py).
 _MODELS: collections.OrderedDict = collections.OrderedDict()
 MODELS_KEPT = 6
+# Randomized cases' models being redrawn on a thread (``draw_ahead``), by ``_model_key``.
+_DRAWING: dict[tuple, concurrent.futures.Future] = {}
+_drawer: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
 def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
@@ -82,6 +86,7 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
     args, kwargs = problem.check_init_args(case.shape, case.distribution)
     key = _model_key(problem, args, kwargs, case, device, dtype, mode)
     held = _MODELS.get(key) if key is not None else None
+    drawn = _DRAWING.pop(key, None) if key is not None and held is None else None
     if held is not None:
         _MODELS.move_to_end(key)
         pristine, generator_state, global_state = held
@@ -89,10 +94,15 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
         generator.set_state(generator_state)
         torch.set_rng_state(global_state)
     else:
-        torch.manual_seed(case.seed)  # default init draws from the global generator
-        model = problem.model(*args, **kwargs)
-        if case.randomize:
-            problem.randomize_parameters(model, generator, case.distribution)
+        if drawn is not None:  # drawn ahead: the same draws, made on ``draw_ahead``'s thread
+            model, generator_state, global_state = drawn.result()
+            generator.set_state(generator_state)
+            torch.set_rng_state(global_state)
+        else:
+            torch.manual_seed(case.seed)  # default init draws from the global generator
+            model = problem.model(*args, **kwargs)
+            if case.randomize:
+                problem.randomize_parameters(model, generator, case.distribution)
         model.train(mode != "eval")
         model = model.to(device=device, dtype=dtype)
         if key is not None:
@@ -101,6 +111,36 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
                 _MODELS.popitem(last=False)
     x = problem.make_input(case.shape, case.distribution, generator, device=device, dtype=dtype)
     return model, x
+
+
+def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: str) -> None:
+    """Start redrawing the randomized parameters of ``cases`` on a thread, for ``build_case`` to
+    take (bit for bit the draws it would make itself), so the worker compiles and times a job's
+    first candidate meanwhile: the redraws took 7-9 s of kb2-99's first candidate (three 8192²
+    weights, torch.randn in float64 on the CPU, 2.2-3 s each, H200 host). Each model is built
+    here, since default init draws from the global generator, which this restores afterwards; the
+    thread's redraw draws from the case's own (``Problem.randomize_parameters``' contract)."""
+    state = torch.get_rng_state()
+    try:
+        for case in cases:
+            args, kwargs = problem.check_init_args(case.shape, case.distribution)
+            key = _model_key(problem, args, kwargs, case, device, dtype, mode)
+            if not case.randomize or key is None or key in _MODELS or key in _DRAWING:
+                continue
+            torch.default_generator.manual_seed(case.seed)  # as ``build_case``'s torch.manual_seed, CPU's part
+            model = problem.model(*args, **kwargs)
+            if not _drawer:
+                _drawer.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autofuse-draw"))
+            _DRAWING[key] = _drawer[0].submit(_redraw, problem, model, torch.Generator().manual_seed(case.seed),
+                                              case.distribution, torch.get_rng_state())
+    finally:
+        torch.set_rng_state(state)
+
+
+def _redraw(problem: Problem, model: nn.Module, generator: torch.Generator, distribution: str,
+            global_state: torch.Tensor) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    problem.randomize_parameters(model, generator, distribution)
+    return model, generator.get_state(), global_state
 
 
 def _model_key(problem, args, kwargs, case, device, dtype, mode) -> tuple | None:

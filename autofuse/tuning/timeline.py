@@ -47,6 +47,13 @@ def span(what: str | Callable[[], str]):
         _write(start, time.monotonic() - start, " ".join([what, *after]).rstrip())
 
 
+def mark_origin() -> None:
+    """Count the spans from now on, where no span has set the origin yet: before starting a child
+    process that may write spans before this one does (the worker, spawned as the tune starts)."""
+    if enabled():
+        os.environ.setdefault(ORIGIN, repr(time.monotonic()))
+
+
 def describe_call(op: str, payload: tuple) -> str:
     """A worker call in a few words: the op, the batch, the candidate (with gradients or not)."""
     job = payload[0] if payload else None

@@ -136,6 +136,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
                 bool(batch_classes), bool(classes_only), rungs, backend=open_storage(storage))  # a bad URL fails here
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     with Worker() as worker:
+        worker.spawn()  # its start overlaps the first key's setup
         if classes_only:
             return [_add_classes(prob, s, settings, worker, table, plan) for s in shapes]
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]

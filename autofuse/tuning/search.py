@@ -160,11 +160,11 @@ def _measure_batch(shared, spaces, job, worker, total, size, asks, trial_timeout
     variant is in the race) or ``asks`` are spent, compile the new ones' kernels together, then
     measure them one at a time; return the asks spent.
 
-    Asking ``size`` alone, most of a batch was repeats and pruned variants once the defaults were
-    in (kb2-99's space, TPE as tuned, four seeds: 0-2 new candidates a batch of 8), and a lone new
-    Triton candidate compiles in the worker (``prewarm.warm``): the last four trials of kb2-99's
-    search compiled one after another, 14 s of its 69 (H200). The asks not yet told wait as
-    running trials, which TPE's constant liar steers away from."""
+    Asked ``size`` alone, a batch held as few new candidates as its repeats and pruned variants
+    left (TPE as tuned on kb2-99's space with a stand-in worker, four seeds: 0-7 in a batch of 8
+    after the first), and a lone new Triton candidate compiles in the worker (``prewarm.warm``):
+    the last four trials of kb2-99's search compiled one after another, 14 s of its 69 (H200).
+    The asks not yet told wait as running trials, which TPE's constant liar steers away from."""
     batch, new = [], {}
     view = shared.view()
     while len(new) < size and len(batch) < max(asks, 1):

@@ -75,13 +75,12 @@ def choose(job: Job, rows: list[Row], worker, trial_timeout: float, autograd: bo
 
 
 def retime_rounds(retimed: list[Row], rows: list[Row]) -> int:
-    """Rounds of the interleaved re-timing: enough to spend about ``RETIME_BUDGET_MS`` on each
-    candidate's timed calls, counting eager's (the baseline beside them: the trial time of the
-    simplest timed row, eager's where ``rows`` hold it, else the slowest candidate's), within
-    ``MIN_ROUNDS`` and ``MAX_ROUNDS``;
-    ``MIN_ROUNDS`` for a lone candidate, whose re-timing chooses nothing and only records its
-    time beside eager's. Not counting eager, a lone training step at batch 2048 (99 at fp32,
-    8192², H200: eager's step 3.3x its time) took 4.3 s of a 33 s batch-class phase."""
+    """Rounds of the interleaved re-timing: ``RETIME_BUDGET_MS`` over one call of each candidate
+    and of eager (the baseline beside them: the trial time of the simplest timed row, eager's
+    where ``rows`` hold it, else the slowest candidate's), within ``MIN_ROUNDS`` and
+    ``MAX_ROUNDS``. A lone candidate's re-timing chooses nothing and only records its time beside
+    eager's: ``MIN_ROUNDS`` (at ``MAX_ROUNDS``, a lone training step at batch 2048 took 4.3 s of
+    a 33 s batch-class phase: 99 at fp32, 8192², H200, eager's step 3.3x its time)."""
     if len(retimed) == 1:
         return MIN_ROUNDS
     timed = [r for r in rows if r.result is not None and r.result.timing is not None]

@@ -52,8 +52,9 @@ class Worker:
 
     def spawn(self) -> None:
         """Start the child now without waiting for it, so that its start (imports and a CUDA
-        context: 3.6-5.1 s on an H200's host) overlaps the tuner's own setup (5-6 s, its CUDA
-        context and the study); the first call waits for it. A tune that measures nothing (a
+        context: 3.6-5.1 s on an H200's host) overlaps the tuner's own setup (its CUDA context,
+        spaces and study: 5-6 s alone, 6-8.5 beside the child's start, which then cost the first
+        call nothing); the first call waits for what is left. A tune that measures nothing (a
         rerun of a tuned shape) closes it unused."""
         if self._proc is None or self._proc.poll() is not None:
             self.close()  # a child that died idle

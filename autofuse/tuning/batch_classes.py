@@ -271,7 +271,7 @@ class Searched:
         """Every timed (variant, configuration), fastest first; without results, ``recorded``."""
         if not self.results:
             return list(self.recorded)
-        labels = _space_labels(self.spaces)
+        labels = studies.space_labels(self.spaces)
         timed = sorted((r.timing.median_ms, key) for key, r in self.results.items()
                        if r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH) and key in labels)
         return [(key[0], labels[key]) for _, key in timed]
@@ -282,16 +282,11 @@ def recorded_ranking(entry: dict, spaces: dict) -> list[tuple[str, dict]]:
     time), fastest first, those ``spaces`` still holds: the runners-up of a classes-only run, which
     searched nothing (H100: without them the rungs of gemm_bn training bf16 16384×4096² raced
     triton's small tiles, eager and simplified, never cublas_epilogue)."""
-    held = _space_labels(spaces)
+    held = studies.space_labels(spaces)
     timed = [(record["median_ms"], name, record["params"]) for name, record in (entry.get("candidates") or {}).items()
              if isinstance(record, dict) and record.get("outcome") == Outcome.OK.value
              and record.get("median_ms") is not None and (name, studies.config_label(record["params"])) in held]
     return [(name, dict(params)) for _, name, params in sorted(timed, key=lambda t: t[0])]
-
-
-def _space_labels(spaces: dict) -> dict[tuple[str, str], dict]:
-    """(variant, configuration label) -> configuration, for every configuration ``spaces`` holds."""
-    return {(name, studies.config_label(c)): c for name, configs in spaces.items() for c in configs}
 
 
 def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, searched: Searched,

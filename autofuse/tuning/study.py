@@ -38,6 +38,12 @@ def config_label(config: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items()) or "default"
 
 
+def space_labels(spaces: dict[str, list[dict]]) -> dict[tuple[str, str], dict]:
+    """(variant, configuration label) -> configuration, for every configuration ``spaces`` holds:
+    a study's results are keyed by label."""
+    return {(name, config_label(c)): c for name, configs in spaces.items() for c in configs}
+
+
 def space_hash(variants: dict[str, type[Variant]], spaces: dict[str, list[dict]]) -> str:
     """Changes when the searched variants, their sources or their spaces change: old results then don't apply."""
     digest = hashlib.sha256(SUGGEST_SCHEME.encode())

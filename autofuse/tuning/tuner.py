@@ -343,11 +343,11 @@ class _Provisional:
 
     def __init__(self, table, fingerprint, prob, shape, key, study_name, started, spaces):
         self.table, self.fingerprint, self.prob, self.shape, self.key = table, fingerprint, prob, shape, key
-        self.study_name, self.started, self.spaces = study_name, started, spaces
+        self.study_name, self.started, self.labels = study_name, started, studies.space_labels(spaces)
         self.first_s: float | None = None
 
     def __call__(self, variant: str, label: str, result) -> None:
-        params = next((c for c in self.spaces.get(variant, ()) if studies.config_label(c) == label), None)
+        params = self.labels.get((variant, label))
         if params is None:  # measured under another space (an earlier session's study)
             return
         timing = result.timing
@@ -415,15 +415,14 @@ def _recorded_configs(table, fingerprint, prob, shape, key) -> list[tuple[str, d
 def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
     """Each variant's best configuration: its fastest gated one, else its fastest timed one (out of
     reach, kept so the autograd entry may still gate it), else its most informative failure."""
-    rows = []
+    rows, labels = [], studies.space_labels(spaces)
     for name in spaces:
         mine = {label: r for (v, label), r in results.items() if v == name}
         ok = {label: r for label, r in mine.items() if r.outcome is Outcome.OK}
         timed = ok or {label: r for label, r in mine.items() if r.outcome is Outcome.OUT_OF_REACH}
         if timed:
             label = min(timed, key=lambda lab: timed[lab].timing.median_ms)
-            config = next(c for c in spaces[name] if studies.config_label(c) == label)
-            rows.append(Row(name, variants[name].rank(), config, timed[label], len(mine)))
+            rows.append(Row(name, variants[name].rank(), labels[(name, label)], timed[label], len(mine)))
         elif mine:
             rows.append(Row(name, variants[name].rank(), {}, next(iter(mine.values())), len(mine)))
         else:
@@ -433,12 +432,11 @@ def _rows(results: dict, variants: dict, spaces: dict) -> list[Row]:
 
 def _timed_by_speed(results: dict, spaces: dict) -> dict[str, list[dict]]:
     """Each variant's timed configurations (gated, or out of the forward's reach), fastest first."""
-    ranked = {}
+    ranked, labels = {}, studies.space_labels(spaces)
     for name in spaces:
         timed = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
                        if v == name and r.outcome in (Outcome.OK, Outcome.OUT_OF_REACH))
-        configs = {studies.config_label(c): c for c in spaces[name]}
-        ranked[name] = [configs[label] for _, label in timed if label in configs]
+        ranked[name] = [labels[(name, label)] for _, label in timed if (name, label) in labels]
     return ranked
 
 
@@ -455,16 +453,15 @@ def _near_ties(results: dict, rows: list[Row], spaces: dict) -> list[Row]:
     compile pool's processes started on the GPU, and lost to a non-persistent one at 0.748 ms;
     unseeded it had won at 0.727, and the rungs at 512 and 2048, re-timing both side by side,
     chose it again.)"""
-    near = []
+    near, labels = [], studies.space_labels(spaces)
     for row in rows:
         if not row.ok:
             continue
         best, reach = studies.config_label(row.params), NEAR_TIE * row.result.timing.median_ms
         mine = sorted((r.timing.median_ms, label) for (v, label), r in results.items()
                       if v == row.variant and label != best and r.outcome is Outcome.OK and r.timing.median_ms <= reach)
-        configs = {studies.config_label(c): c for c in spaces.get(row.variant, ())}
-        near += [Row(row.variant, row.rank, configs[label], results[(row.variant, label)], row.trials)
-                 for _, label in mine if label in configs]
+        near += [Row(row.variant, row.rank, labels[(row.variant, label)], results[(row.variant, label)], row.trials)
+                 for _, label in mine if (row.variant, label) in labels]
     return near
 
 

@@ -70,3 +70,38 @@ def test_a_worker_call_is_described_by_its_batch_candidate_and_whether_it_is_gat
         "evaluate at batch_size=16,in_features=48,out_features=40 triton[block_m=16] +grad (timed only)")
     assert timeline.describe_call("retime", (job, [candidate, candidate], 50)).endswith(" 2 candidates")
     assert timeline.describe_call("gemm_floor", (job,)) == "gemm_floor at batch_size=16,in_features=48,out_features=40"
+
+
+def test_the_summary_says_where_each_phases_seconds_went():
+    lines = ["    0.00    5.00 10 setup p batch_size=8 (spaces, device, study)",
+             "    5.00   30.00 10 search p batch_size=8 (dtype=float32)",
+             "    5.00    4.00 10 worker start (imports, CUDA context; the part not overlapped)",
+             "    5.00   12.00 10 worker evaluate at batch_size=8 triton[] ok",
+             "    9.50    6.00 11   first calls (compiling) and timing triton[] at batch_size=8",
+             "   15.50    1.50 11   gate: prepare case batch_size=8 randn randomized seed=1",
+             "   20.00    8.00 10 compile pool: wait for 4 compiles",
+             "   20.00    7.50 12   pool: compile triton[block_m=64] at batch_size=8",
+             "   35.00   10.00 10 batch classes p batch_size=8",
+             "   35.00    2.00 10 compile pool: wait for 1 compiles",
+             "   37.00    3.00 10 worker evaluate at batch_size=1 triton[] ok",
+             "   37.10    2.00 11   first calls (compiling) and timing triton[] at batch_size=1",
+             "   39.20    0.50 11   gate: check triton on batch_size=1 rand default-init seed=1"]
+    setup, search, classes = timeline.summarize([line + "\n" for line in lines])
+    assert (setup["phase"], setup["key"], setup["tuner's own"]) == ("setup", "p batch_size=8", 5.0)
+    assert search["pool waits"] == 8.0 and search["worker start"] == 4.0
+    assert (search["worker compiling+timing"], search["worker gate"]) == (6.0, 1.5)
+    assert search["tuner's own"] == 30.0 - 8.0 - 4.0 - 12.0  # nvcc builds, the study, the table
+    assert (classes["pool waits"], classes["worker compiling+timing"], classes["worker gate"]) == (2.0, 2.0, 0.5)
+
+
+def test_a_tunes_own_timeline_reads_back_phase_by_phase(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "timeline.txt"
+    monkeypatch.setenv("AUTOFUSE_TIMELINE", str(path))
+    monkeypatch.delenv(timeline.ORIGIN, raising=False)
+    [result] = _tune(tmp_path)
+    phases = timeline.summarize(path.read_text().splitlines())
+    assert [p["phase"] for p in phases] == list(timeline.PHASES)
+    assert all(value >= 0 for p in phases for value in p.values() if isinstance(value, float))
+    assert sum(p["worker compiling+timing"] for p in phases) > 0  # the worker's lines are read too
+    timeline.main([str(path)])
+    assert "choice and autograd entry" in capsys.readouterr().out

@@ -14,7 +14,8 @@ worker's calls plus the pool waits plus what the tuning process does itself, so 
 where a slow tune stands waiting: kb2-99's on an H200 host showed the autograd entry's training
 step compiling for 18 s in the worker, and its batch classes waiting 17 s on the pool before
 their first race (``benchmarks/gpu/tuning_time.sh`` writes one per tune). Unset, nothing is
-written and nothing is timed.
+written and nothing is timed. ``python -m autofuse.tuning.timeline FILE`` reads one back, phase by
+phase (``summarize``).
 """
 
 from __future__ import annotations
@@ -80,3 +81,55 @@ def _write(start: float, seconds: float, what: str) -> None:
             f.write(f"{start - float(os.environ[ORIGIN]):8.2f} {seconds:7.2f} {os.getpid()} {what}\n")
     except (OSError, KeyError, ValueError):
         pass  # a diagnostic: an unwritable path never fails the tune
+
+
+# -- reading one: python -m autofuse.tuning.timeline FILE ----------------------------------------
+PHASES = ("setup", "search", "choice and autograd entry", "batch classes")
+
+
+def summarize(lines: list[str]) -> list[dict]:
+    """Each phase of each key the tuning process wrote (the process of the first ``setup`` line),
+    with where its seconds went: waiting on the compile pool, the worker starting, the worker's
+    first calls (compiling, then timing) and its gate cases, and the rest (the tuner's own work:
+    nvcc builds, the study, the table)."""
+    spans = []
+    for line in lines:
+        start, seconds, pid, what = line.split(None, 3)
+        spans.append((float(start), float(seconds), pid, what.rstrip("\n")))
+    tuner = next((pid for _, _, pid, what in spans if what.startswith("setup ")), None)
+    phases = []
+    for start, seconds, pid, what in spans:
+        phase = next((p for p in PHASES if what.startswith(p + " ")), None)
+        if pid != tuner or phase is None:
+            continue
+
+        def inside(test, mine: bool) -> float:
+            return sum(d for s, d, p, w in spans if (p == tuner) == mine and test(w)
+                       and start <= s and s + d <= start + seconds + 0.02)
+        pool = inside(lambda w: w.startswith("compile pool: wait"), True)
+        started = inside(lambda w: w.startswith("worker start"), True)
+        calls = inside(lambda w: w.startswith("worker ") and not w.startswith("worker start"), True)
+        phases.append({"phase": phase, "key": what[len(phase) + 1:].split(" (")[0], "start": start, "seconds": seconds,
+                       "pool waits": pool, "worker start": started,
+                       "worker compiling+timing": inside(lambda w: w.lstrip().startswith("first calls"), False),
+                       "worker gate": inside(lambda w: w.lstrip().startswith("gate:"), False),
+                       "tuner's own": max(0.0, seconds - pool - started - calls)})
+    return sorted(phases, key=lambda p: p["start"])
+
+
+def main(argv: list[str]) -> None:
+    from tabulate import tabulate
+
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m autofuse.tuning.timeline FILE (a tune's $AUTOFUSE_TIMELINE)")
+    with open(argv[0]) as f:
+        phases = summarize(f.readlines())
+    columns = ["seconds", "pool waits", "worker start", "worker compiling+timing", "worker gate", "tuner's own"]
+    print(tabulate([[p["key"], p["phase"], *(p[c] for c in columns)] for p in phases],
+                   headers=["key", "phase", *columns], floatfmt=".1f"))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -6,7 +6,8 @@
 #   gemm_bn   autofuse tune gemm_bn: every default shape, train (forward and autograd entries)
 #   untabled  kb2-99 fp32 at in/out 6144 (in no table), --budget quick then --budget full
 #   untabled-quick  the same, --budget quick only
-# Each part prints autofuse tune's own summary (wall time per key, first entry, winners). Logs,
+# Each part prints autofuse tune's own summary (wall time per key, first entry, winners) and where
+# each phase's seconds went (python -m autofuse.tuning.timeline). Logs,
 # tables and each tune's timeline ($AUTOFUSE_TIMELINE: every phase, worker call and pool wait, with
 # its seconds) go under $OUT (or ./tuning-time-out). The search's length varies with its seed:
 # compare two trees with one seed, e.g. SEED=7 (passed as --seed).
@@ -24,6 +25,7 @@ tune() {  # NAME ARGS...: a tune in a fresh $AUTOFUSE_HOME, its summary and wall
     AUTOFUSE_TIMELINE="$OUT/$name.timeline" autofuse tune "$@" --no-progress > "$OUT/$name.txt" 2>&1
     echo "== $name: autofuse tune $* ($((SECONDS - start)) s wall, process start included)"
     grep -E "^(winner|autograd winner|tuned in)" "$OUT/$name.txt"
+    python3 -m autofuse.tuning.timeline "$OUT/$name.timeline"  # where each phase's seconds went
 }
 for part in "${parts[@]}"; do
     case $part in

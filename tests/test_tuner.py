@@ -164,6 +164,26 @@ def test_a_rerun_of_a_tuned_shape_reuses_study_and_table_without_a_worker(tmp_pa
     assert again.winner == first.winner and again.grad_winner == first.grad_winner
 
 
+def test_a_worker_spawned_early_and_never_used_is_killed_at_once_and_a_used_one_starts_on_demand():
+    """The tuner spawns its worker as a tune starts (its start overlaps the setup); a tune that
+    then fails on its input, or measures nothing, must not wait on a child still importing."""
+    import signal
+
+    from autofuse.tuning.outcome import Job
+    from autofuse.tuning.worker import Worker
+
+    worker = Worker()
+    worker.spawn()
+    proc = worker._proc
+    worker.close()
+    assert proc.returncode == -signal.SIGKILL and worker._proc is None
+    with Worker() as worker:
+        worker.spawn()
+        job = Job("matmul_gelu_softmax", SMALL, "cpu", "float32", "fp32", "any", 0)
+        assert worker.call("gemm_floor", (job,), 60).median_ms > 0  # the first call waits for the start
+        assert worker._ready
+
+
 def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_path):
     kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=2, progress=False, autograd_entry=False)
     [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["simplified"], **kwargs)

@@ -119,6 +119,8 @@ class Worker:
             self._conn.close()  # an idle child reads EOF and exits
         if self._proc is not None:
             try:
+                if not self._ready:  # still starting (spawned, never used): nothing of its to finish
+                    self._proc.kill()
                 self._proc.wait(2)
             except subprocess.TimeoutExpired:
                 self._proc.kill()

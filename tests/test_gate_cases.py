@@ -99,3 +99,26 @@ def test_gradients_kept_from_a_right_candidate_still_fail_a_wrong_one(monkeypatc
     result = check_variant(SplitBackwardWithoutRangeCheck("fp32"), problem, cases, "cpu", mode="any", autograd=True,
                            cache=cache)
     assert not result.ok and " wide " in result.reason and "gradient of" in result.reason, result.reason
+
+
+@pytest.mark.parametrize("problem_name,mode", [("gemm_bn", "train"), ("matmul_gelu_softmax", "any")])
+def test_the_gradient_checks_cotangents_drawn_ahead_are_the_ones_drawn_in_place(problem_name, mode, monkeypatch):
+    """The gate draws the cotangents of every case of the tuned shape in parallel once the first
+    case is prepared (gemm_bn at 32768 rows: 5-6 s a case one after another); each case gets the
+    cotangent it would draw itself, and none is left drawn and unused."""
+    problem = registry.get_problem(problem_name)
+    cases = check_cases(problem, {"batch_size": 64, "in_features": 48, "out_features": 40}, 13)
+    eager = registry.get_variant(problem.name, "eager")("fp32")
+    used = []
+    cotangent = gate._cotangent
+    monkeypatch.setattr(gate, "_cotangent", lambda problem, prepared, precision: used.append(
+        (prepared, gate._COTANGENTS.get((prepared.case.seed + 7, tuple(prepared.ref.shape))))) or cotangent(
+        problem, prepared, precision))
+    assert check_variant(eager, problem, cases, "cpu", mode=mode, autograd=True, cache={}).ok
+    assert not gate._COTANGENTS
+    ahead = [prepared for prepared, drawn in used if drawn is not None]
+    assert len(ahead) == sum(c.shape == cases[0].shape and problem.gradient_check_applies(c, mode, "fp32")
+                             for c in cases) > 1
+    for prepared in ahead:  # drawn in place, as without the threads
+        held = prepared.gradients[("fp32", mode)][0]
+        assert torch.equal(held, cotangent(problem, prepared, "fp32")), prepared.case.describe()

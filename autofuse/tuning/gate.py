@@ -75,9 +75,20 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
 # for bit (tests/test_gate_cases.py).
 _MODELS: collections.OrderedDict = collections.OrderedDict()
 MODELS_KEPT = 6
-# Randomized cases' models being redrawn on a thread (``draw_ahead``), by ``_model_key``.
+# Randomized cases' models being redrawn on a thread (``draw_ahead``), by ``_model_key``, and the
+# gradient check's cotangents (``_cotangents_ahead``), by (seed, shape).
 _DRAWING: dict[tuple, concurrent.futures.Future] = {}
+_COTANGENTS: dict[tuple, concurrent.futures.Future] = {}
 _drawer: list[concurrent.futures.ThreadPoolExecutor] = []
+DRAW_THREADS = 4
+
+
+def _draw(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` on a drawing thread: CPU draws from their own generators (torch releases the
+    GIL while it draws), so the caller compiles, times or checks meanwhile."""
+    if not _drawer:
+        _drawer.append(concurrent.futures.ThreadPoolExecutor(DRAW_THREADS, thread_name_prefix="autofuse-draw"))
+    return _drawer[0].submit(fn, *args)
 
 
 def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> tuple[nn.Module, torch.Tensor]:
@@ -129,10 +140,8 @@ def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: st
                 continue
             torch.default_generator.manual_seed(case.seed)  # as ``build_case``'s torch.manual_seed, CPU's part
             model = problem.model(*args, **kwargs)
-            if not _drawer:
-                _drawer.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autofuse-draw"))
-            _DRAWING[key] = _drawer[0].submit(_redraw, problem, model, torch.Generator().manual_seed(case.seed),
-                                              case.distribution, torch.get_rng_state())
+            _DRAWING[key] = _draw(_redraw, problem, model, torch.Generator().manual_seed(case.seed),
+                                  case.distribution, torch.get_rng_state())
     finally:
         torch.set_rng_state(state)
 
@@ -281,6 +290,8 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
         if key not in cache:
             with timeline.span(lambda: f"  gate: prepare case {case.describe()}"):
                 cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
+        if autograd and i == 0:
+            _cotangents_ahead(problem, cases, cache[key].ref.shape, device, dtype, mode, variant.precision, cache)
         with timeline.span(lambda: f"  gate: check {variant.name} on {case.describe()}"):
             error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
         if reason is None and autograd and problem.gradient_check_applies(case, mode, variant.precision):
@@ -415,11 +426,35 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     return worst, None
 
 
+def _cotangents_ahead(problem: Problem, cases: list[CheckCase], out_shape, device, dtype, mode: str,
+                      precision: str, cache: dict) -> None:
+    """Start drawing, in parallel, the cotangents the gradient check will need on every case of
+    the first case's shape (its outputs are ``out_shape``) whose gradients are not held yet: each
+    is a float64 torch.randn on the CPU, 134M normals at gemm_bn's batch class of 32768 rows, 5-6
+    s a case one after another (H200 host: 22 of the 38 s that rung's gate took)."""
+    wanted = set()
+    for case in cases:
+        held = cache.get((problem.name, case.describe(), str(torch.device(device)), dtype, mode, precision))
+        if (case.shape == cases[0].shape and problem.gradient_check_applies(case, mode, precision)
+                and (held is None or (precision, mode) not in held.gradients)):
+            wanted.add((case.seed + 7, tuple(out_shape)))
+    for stale in _COTANGENTS.keys() - wanted:  # a gate that stopped early left them: 1 GB each at that rung
+        _COTANGENTS.pop(stale).cancel()
+    for key in wanted - _COTANGENTS.keys():
+        _COTANGENTS[key] = _draw(_raw_cotangent, *key)
+
+
+def _raw_cotangent(seed: int, shape: tuple) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
 def _cotangent(problem: Problem, prepared: PreparedCase, precision: str) -> torch.Tensor:
-    """The case's random cotangent, zero on rows at a kink and, on the wide case, where outliers
-    would hide the backward's losses."""
-    generator = torch.Generator().manual_seed(prepared.case.seed + 7)
-    cotangent = torch.randn(prepared.ref.shape, generator=generator, dtype=torch.float64).to(prepared.x.device)
+    """The case's random cotangent (drawn ahead where ``_cotangents_ahead`` started it), zero on rows
+    at a kink and, on the wide case, where outliers would hide the backward's losses."""
+    key = (prepared.case.seed + 7, tuple(prepared.ref.shape))
+    drawn = _COTANGENTS.pop(key, None)
+    raw = drawn.result() if drawn is not None else _raw_cotangent(*key)
+    cotangent = raw.to(prepared.x.device)
     kinked = problem.rows_on_a_kink(prepared.model, prepared.x, precision)
     if kinked is not None:
         cotangent[kinked.to(cotangent.device)] = 0.0  # their gradient is either side's (``rows_on_a_kink``)

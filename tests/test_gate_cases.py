@@ -56,8 +56,21 @@ def test_a_case_drawn_ahead_on_a_thread_is_the_one_a_fresh_build_draws(problem_n
     ahead = []
     for case in cases:
         ahead.append((build_case(problem, case, "cpu", torch.float32, mode), torch.get_rng_state()))
-    assert not gate._DRAWING  # each taken by the build that needed it
-    for case, ((model, x), rng) in zip(cases, ahead):
+    assert not gate._DRAWING and not gate._INPUTS  # each taken by the build that needed it
+    # A batch class's cases: every model is kept, and every input is drawn ahead.
+    rungs = [CheckCase({**c.shape, "batch_size": 9}, c.distribution, c.seed, c.randomize) if c.shape == cases[0].shape
+             else c for c in cases]
+    before = torch.get_rng_state()
+    gate.draw_ahead(problem, rungs, "cpu", torch.float32, mode)
+    assert torch.equal(torch.get_rng_state(), before) and not gate._DRAWING and len(gate._INPUTS) == len(rungs)
+    ahead += [(build_case(problem, case, "cpu", torch.float32, mode), torch.get_rng_state()) for case in rungs]
+    assert not gate._INPUTS
+    # Inputs a job drew and never used are dropped when the next job draws its own.
+    gate.draw_ahead(problem, rungs, "cpu", torch.float32, mode)
+    gate.draw_ahead(problem, cases, "cpu", torch.float32, mode)
+    assert {k[1] for k in gate._INPUTS} == {tuple(sorted(c.shape.items())) for c in cases}
+    gate._INPUTS.clear()
+    for case, ((model, x), rng) in zip(cases + rungs, ahead):
         (want, want_x), want_rng = fresh(problem, case, mode)
         assert torch.equal(x, want_x) and torch.equal(rng, want_rng) and model.training == want.training
         for (name, a), (_, b) in zip(model.state_dict().items(), want.state_dict().items(), strict=True):

@@ -42,7 +42,7 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
     variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
-    if gate and "drawing" not in state:  # the gate's cases drawn while this candidate compiles and is timed
+    if "drawing" not in state:  # the gate's cases drawn while the job's first candidates compile and are timed
         _timing_case(state, job)  # first: it draws from the global generator too
         draw_ahead(problem, check_cases(problem, job.shape, job.seed), job.device, parse_dtype(job.dtype), job.mode)
         state["drawing"] = True

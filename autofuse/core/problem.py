@@ -212,6 +212,8 @@ class Problem:
     # -- inputs and parameters for checks -----------------------------------
     def make_input(self, shape: Mapping[str, int], distribution: str, generator: torch.Generator,
                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A check's input under ``distribution``, drawn from ``generator`` alone (the gate draws
+        inputs ahead on threads: ``autofuse.tuning.gate.draw_ahead``)."""
         batch, n_in, _ = (shape[d] for d in self.dims)
         size = (batch, n_in)
         if distribution == "rand":
@@ -238,7 +240,8 @@ class Problem:
         """Redraw every parameter and buffer, so a check does not rest on default init.
 
         Weights (2-D and up) get variance 1/fan-in (outputs on the input's scale), everything
-        else a standard normal; subclasses adjust what needs a particular range.
+        else a standard normal; subclasses adjust what needs a particular range, drawing from
+        ``generator`` alone (the gate redraws on threads: ``autofuse.tuning.gate.draw_ahead``).
         """
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             if not tensor.is_floating_point():

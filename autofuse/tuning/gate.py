@@ -75,8 +75,8 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
 # for bit (tests/test_gate_cases.py).
 _MODELS: collections.OrderedDict = collections.OrderedDict()
 MODELS_KEPT = 6
-# Randomized cases' models being redrawn on a thread (``draw_ahead``), by ``_model_key``, and the
-# gradient check's cotangents (``_cotangents_ahead``), by (seed, shape).
+# Randomized cases' models being redrawn on the drawing threads (``draw_ahead``), by ``_model_key``,
+# and the gradient check's cotangents (``_cotangents_ahead``), by (seed, shape).
 _DRAWING: dict[tuple, concurrent.futures.Future] = {}
 _COTANGENTS: dict[tuple, concurrent.futures.Future] = {}
 _INPUTS: dict[tuple, concurrent.futures.Future] = {}  # inputs drawn ahead, by (``_model_key``, shape)
@@ -133,12 +133,13 @@ def _shape(case: CheckCase) -> tuple:
 
 
 def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: str) -> None:
-    """Start redrawing the randomized parameters of ``cases`` on a thread, for ``build_case`` to
-    take (bit for bit the draws it would make itself), so the worker compiles and times a job's
-    first candidate meanwhile: the redraws took 7-9 s of kb2-99's first candidate (three 8192²
-    weights, torch.randn in float64 on the CPU, 2.2-3 s each, H200 host). Each model is built
-    here, since default init draws from the global generator, which this restores afterwards; the
-    thread's redraw draws from the case's own (``Problem.randomize_parameters``' contract).
+    """Start redrawing the randomized parameters of ``cases`` on the drawing threads, for
+    ``build_case`` to take (bit for bit the draws it would make itself), so the worker compiles
+    and times a job's first candidate meanwhile: the redraws took 7-9 s of kb2-99's first
+    candidate (three 8192² weights, torch.randn in float64 on the CPU, 2.2-3 s each, H200 host).
+    Each model is built here, since default init draws from the global generator, which this
+    restores afterwards; the threads draw from the case's own generator only (the contract of
+    ``Problem.randomize_parameters`` and ``Problem.make_input``: they draw from the one given).
 
     Where a case's model is drawn already (a batch class's: ``_MODELS``), or drawn from no
     generator of the case's (default init), its input is drawn ahead instead, from the state the

@@ -48,6 +48,8 @@ def test_a_case_drawn_ahead_on_a_thread_is_the_one_a_fresh_build_draws(problem_n
     problem = registry.get_problem(problem_name)
     cases = check_cases(problem, {"batch_size": 64, "in_features": 48, "out_features": 40}, 21)
     gate._MODELS.clear()
+    gate.draw_ahead(problem, [CheckCase({"batch_size": 3, "in_features": 5, "out_features": 4}, "randn", 1, True)],
+                    "cpu", torch.float32, mode)  # an earlier job's draw, never gated: dropped below
     torch.manual_seed(5)
     before = torch.get_rng_state()
     gate.draw_ahead(problem, cases, "cpu", torch.float32, mode)

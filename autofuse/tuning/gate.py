@@ -145,12 +145,15 @@ def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: st
     generator of the case's (default init), its input is drawn ahead instead, from the state the
     case's generator would have: gemm_bn's gate at 32768 rows spent 10.9 s preparing cases, most
     of it drawing 134M-element inputs on the CPU."""
-    state, inputs = torch.get_rng_state(), set()
+    state, models, inputs = torch.get_rng_state(), set(), set()
     try:
         for case in cases:
             args, kwargs = problem.check_init_args(case.shape, case.distribution)
             key = _model_key(problem, args, kwargs, case, device, dtype, mode)
-            if key is None or key in _DRAWING:
+            if key is None:
+                continue
+            if key in _DRAWING:
+                models.add(key)
                 continue
             if key in _MODELS or not case.randomize:
                 inputs.add((key, _shape(case)))
@@ -160,14 +163,17 @@ def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: st
                         generator.set_state(_MODELS[key][1])
                     _INPUTS[(key, _shape(case))] = _draw(problem.make_input, case.shape, case.distribution, generator)
                 continue
+            models.add(key)
             torch.default_generator.manual_seed(case.seed)  # as ``build_case``'s torch.manual_seed, CPU's part
             model = problem.model(*args, **kwargs)
             _DRAWING[key] = _draw(_redraw, problem, model, torch.Generator().manual_seed(case.seed),
                                   case.distribution, torch.get_rng_state())
     finally:
         torch.set_rng_state(state)
-    for stale in _INPUTS.keys() - inputs:  # an earlier job's, never gated: 512 MB each at gemm_bn's 2B
-        _INPUTS.pop(stale).cancel()
+    # What an earlier job drew and never gated (1 GB a model at 8192², 512 MB an input at gemm_bn's 2B).
+    for drawing, wanted in ((_DRAWING, models), (_INPUTS, inputs)):
+        for stale in drawing.keys() - wanted:
+            drawing.pop(stale).cancel()
 
 
 def _redraw(problem: Problem, model: nn.Module, generator: torch.Generator, distribution: str,

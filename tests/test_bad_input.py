@@ -182,7 +182,10 @@ def test_ctrl_c_during_a_tune_prints_the_clean_message_and_nothing_else(tmp_path
         [sys.executable, "-m", "autofuse.cli", "tune", "kb2-99", "--shape", "batch_size=64,in_features=256,out_features=192",
          "--device", "cpu", "--table", str(tmp_path / "t.json"), "--no-progress", "--variants", "knobs", "--seed", "1",
          "--budget", "full"],
-        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # Ctrl-C as a terminal delivers it: a runner started in the background of a non-interactive
+        # shell (`cmd &`) passes SIGINT on ignored, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # The worker is spawned as the tune starts; its first candidate opens the key's log.
         logs = pathlib.Path(os.environ["AUTOFUSE_HOME"]) / "logs"

@@ -171,9 +171,14 @@ def draw_ahead(problem: Problem, cases: list[CheckCase], device, dtype, mode: st
     finally:
         torch.set_rng_state(state)
     # What an earlier job drew and never gated (1 GB a model at 8192², 512 MB an input at gemm_bn's 2B).
-    for drawing, wanted in ((_DRAWING, models), (_INPUTS, inputs)):
-        for stale in drawing.keys() - wanted:
-            drawing.pop(stale).cancel()
+    _drop_unwanted(_DRAWING, models)
+    _drop_unwanted(_INPUTS, inputs)
+
+
+def _drop_unwanted(drawing: dict[tuple, concurrent.futures.Future], wanted: set) -> None:
+    """Forget the draws in ``drawing`` not ``wanted`` (cancelled if not started yet)."""
+    for stale in drawing.keys() - wanted:
+        drawing.pop(stale).cancel()
 
 
 def _redraw(problem: Problem, model: nn.Module, generator: torch.Generator, distribution: str,
@@ -316,7 +321,7 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
             continue
         if not runs_at(type(variant), variant.params, case.shape, device.type):
             continue  # a configuration made for other sizes (a row held in registers) is not run here
-        key = (problem.name, case.describe(), str(device), dtype, mode, variant.precision)
+        key = _case_key(problem, case, device, dtype, mode, variant.precision)
         if key not in cache:
             with timeline.span(lambda: f"  gate: prepare case {case.describe()}"):
                 cache[key] = prepare_case(problem, case, device, dtype, mode, variant.precision)
@@ -333,6 +338,11 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
         if reason is not None:
             return CheckResult(False, error, f"{reason} [case {case.describe()}]")
     return CheckResult(True, worst)
+
+
+def _case_key(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> tuple:
+    """A prepared case's key in ``check_variant``'s cache."""
+    return problem.name, case.describe(), str(torch.device(device)), dtype, mode, precision
 
 
 def runs_at(cls, params: Mapping, shape: Mapping[str, int], device_type: str) -> bool:
@@ -464,14 +474,18 @@ def _cotangents_ahead(problem: Problem, cases: list[CheckCase], out_shape, devic
     s a case one after another (H200 host: 22 of the 38 s that rung's gate took)."""
     wanted = set()
     for case in cases:
-        held = cache.get((problem.name, case.describe(), str(torch.device(device)), dtype, mode, precision))
+        held = cache.get(_case_key(problem, case, device, dtype, mode, precision))
         if (case.shape == cases[0].shape and problem.gradient_check_applies(case, mode, precision)
                 and (held is None or (precision, mode) not in held.gradients)):
-            wanted.add((case.seed + 7, tuple(out_shape)))
-    for stale in _COTANGENTS.keys() - wanted:  # a gate that stopped early left them: 1 GB each at that rung
-        _COTANGENTS.pop(stale).cancel()
+            wanted.add(_cotangent_key(case, out_shape))
+    _drop_unwanted(_COTANGENTS, wanted)  # a gate that stopped early left them: 1 GB each at that rung
     for key in wanted - _COTANGENTS.keys():
         _COTANGENTS[key] = _draw(_raw_cotangent, *key)
+
+
+def _cotangent_key(case: CheckCase, out_shape) -> tuple[int, tuple]:
+    """The seed and shape a case's cotangent is drawn with."""
+    return case.seed + 7, tuple(out_shape)
 
 
 def _raw_cotangent(seed: int, shape: tuple) -> torch.Tensor:
@@ -481,7 +495,7 @@ def _raw_cotangent(seed: int, shape: tuple) -> torch.Tensor:
 def _cotangent(problem: Problem, prepared: PreparedCase, precision: str) -> torch.Tensor:
     """The case's random cotangent (drawn ahead where ``_cotangents_ahead`` started it), zero on rows
     at a kink and, on the wide case, where outliers would hide the backward's losses."""
-    key = (prepared.case.seed + 7, tuple(prepared.ref.shape))
+    key = _cotangent_key(prepared.case, prepared.ref.shape)
     drawn = _COTANGENTS.pop(key, None)
     raw = drawn.result() if drawn is not None else _raw_cotangent(*key)
     cotangent = raw.to(prepared.x.device)

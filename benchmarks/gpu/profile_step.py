@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/profile_step.py matmul_clamp_lse_mish --precision tf32 \
         [--mode train] [--variants triton,compiled,cublas_epilogue] [--table benchmarks/table.json] [--shape-index 1]
-        [--batch 64]
+        [--batch 64] [--dtype bfloat16]
 
 At one of the problem's default shapes (KernelBench's inputs; ``--batch``: at another batch, with
 that shape's recorded parameters), each variant runs the training step
@@ -31,12 +31,13 @@ from autofuse.tuning.gate import CheckCase, build_case
 from autofuse.tuning.timed_call import training_call
 
 
-def recorded_params(table: str | None, problem: str, shape: dict, mode: str, precision: str, variant: str):
+def recorded_params(table: str | None, problem: str, shape: dict, mode: str, precision: str, variant: str,
+                    dtype: str = "float32"):
     """The variant's parameters in the table's autograd entry for this key, or None."""
     if not table:
         return None
     shape_key = ",".join(f"{k}={v}" for k, v in shape.items())
-    dkey = f"dtype=float32,precision={precision},mode={mode},autograd=true"
+    dkey = f"dtype={dtype},precision={precision},mode={mode},autograd=true"
     for device in json.load(open(table)).get("devices", {}).values():
         entry = device.get("problems", {}).get(problem, {}).get(shape_key, {}).get(dkey)
         if entry is None:
@@ -78,6 +79,8 @@ def main():
     ap.add_argument("problem")
     ap.add_argument("--precision", default="tf32")
     ap.add_argument("--mode", default="train")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the model's dtype (bfloat16: model.bfloat16() on bfloat16 inputs, under bf16)")
     ap.add_argument("--variants", default="triton,compiled,cublas_epilogue")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--shape-index", type=int, default=0, help="which of the problem's default shapes")
@@ -93,9 +96,9 @@ def main():
     mode = args.mode if prob.mode_sensitive else "any"
     steps = {}
     for name in args.variants.split(","):
-        model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, torch.float32, args.mode)
+        model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, getattr(torch, args.dtype), args.mode)
         cls = registry.get_variant(args.problem, name)
-        params = recorded_params(args.table, args.problem, tuned, mode, args.precision, name)
+        params = recorded_params(args.table, args.problem, tuned, mode, args.precision, name, args.dtype)
         params = cls.configs(shape, "cuda")[0] if params is None else params
         variant = cls(args.precision, **params)
         variant.build("cuda")

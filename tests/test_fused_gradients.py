@@ -251,6 +251,19 @@ def test_bf16_backward_gemms_round_their_operands_like_the_forward():
     assert_close(dw, dy.bfloat16().double().t() @ x.bfloat16().double(), atol=1e-5, rtol=1e-5)
 
 
+def test_a_bfloat16_models_backward_gemms_write_bfloat16_rounded_once_from_float32_sums():
+    """A bfloat16 x (a bfloat16 model's): dx and dW in bfloat16, as autograd wants them, each the
+    float32 product of the bfloat16 operands rounded once (no float32 result to convert after)."""
+    generator = torch.Generator().manual_seed(1)
+    dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
+    layouts = grad_layouts("bf16", True, True, False)
+    dx, dw = backward_gemms(GemmGrad.of(dy, layouts), x.bfloat16(), w.bfloat16(), "bf16", True, True)
+    assert dx.dtype == dw.dtype == torch.bfloat16
+    dyb = dy.bfloat16().float()
+    assert torch.equal(dx, (dyb @ w.bfloat16().float()).bfloat16())
+    assert torch.equal(dw, (dyb.t() @ x.bfloat16().float()).bfloat16())
+
+
 def test_the_epilogue_backward_writes_dy_transposed_for_tf32_weight_gradients_only():
     """dyᵀ only where dW is wanted under tf32 (K-major for the tensor cores); dy where dx is wanted
     or dW at another precision; bfloat16 under bf16; the bias's sums only where asked for."""

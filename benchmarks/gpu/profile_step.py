@@ -26,6 +26,7 @@ import torch
 from profile_variant import kernel_times, without_flush  # this folder: the script's own path
 
 from autofuse.core import registry
+from autofuse.serve.table import DispatchKey, shape_key
 from autofuse.tuning import timing
 from autofuse.tuning.gate import CheckCase, build_case
 from autofuse.tuning.timed_call import training_call
@@ -36,10 +37,9 @@ def recorded_params(table: str | None, problem: str, shape: dict, mode: str, pre
     """The variant's parameters in the table's autograd entry for this key, or None."""
     if not table:
         return None
-    shape_key = ",".join(f"{k}={v}" for k, v in shape.items())
-    dkey = f"dtype={dtype},precision={precision},mode={mode},autograd=true"
+    dkey = DispatchKey(dtype, precision, mode, autograd=True).to_str()
     for device in json.load(open(table)).get("devices", {}).values():
-        entry = device.get("problems", {}).get(problem, {}).get(shape_key, {}).get(dkey)
+        entry = device.get("problems", {}).get(problem, {}).get(shape_key(shape), {}).get(dkey)
         if entry is None:
             continue
         if entry.get("variant") == variant:

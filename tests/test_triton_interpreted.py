@@ -158,6 +158,10 @@ def test_the_exact_path_keeps_its_sums_rounding_error_interpreted():
     _run("exact_path_sum")
 
 
+def test_the_split_paths_pass_where_eagers_error_alone_was_a_lucky_floor_interpreted():
+    _run("lucky_floor")
+
+
 def test_wide_rows_keep_the_fp32_backwards_accuracy_interpreted():
     _run("wide_gradients")
 

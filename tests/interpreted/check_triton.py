@@ -1199,6 +1199,23 @@ def exact_path_sum() -> list[str]:
     return []
 
 
+def lucky_floor() -> list[str]:
+    """22's x-gradient at batch 1 on large inputs, seed 21 (tests/test_gate_floors.py): both split
+    paths pass the gate, and fail it with plain PyTorch's floor alone (its errors cancelled there)."""
+    from autofuse.tuning import gate as gate_module
+
+    prob = registry.get_problem("matmul_clamp_lse_mish")
+    case = CheckCase(dict(zip(prob.dims, (1, 40, 53))), "large", 21, True)
+    failures = []
+    for operands, floors in itertools.product(("split_host", "split_fp16"), ("both", "eager's alone")):
+        gate_module.PERTURBED_PRECISIONS = ("fp32", "ieee") if floors == "both" else ()
+        variant = registry.get_variant(prob.name, "triton")("fp32", **CONFIGS["grid-tma"], operands=operands)
+        result = check_variant(variant, prob, [case], "cpu", autograd=True)
+        print(operands, floors, result.ok, result.reason, flush=True)
+        if result.ok != (floors == "both"):
+            failures.append(f"{operands} with {floors} floor{'s' if floors == 'both' else ''}: {result.reason}")
+    return failures
+
 if __name__ == "__main__":
     check, *args = sys.argv[1:]
     problems = {"gate": gate, "backward_kernels": backward_kernels,
@@ -1210,7 +1227,7 @@ if __name__ == "__main__":
                 "wide_gradients": wide_gradients, "wide_gradients_flags": wide_gradients_flags,
                 "wide_gate": wide_gate, "bn_without_running_stats": bn_without_running_stats,
                 "eval_after_training": eval_after_training, "one_tile_training": one_tile_training,
-                "exact_path_sum": exact_path_sum,
+                "exact_path_sum": exact_path_sum, "lucky_floor": lucky_floor,
                 "bf16_model_serving": bf16_model_serving,
                 "bf16_model_rounds_as_the_reference": bf16_model_rounds_as_the_reference,
                 "bf16_model_bn_rounds_as_the_reference": bf16_model_bn_rounds_as_the_reference}

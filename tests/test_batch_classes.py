@@ -124,6 +124,43 @@ def test_at_equal_distance_the_smaller_batch_serves_first_whatever_the_table_ord
     assert [entry["variant"] for _, entry in order] == ["at8", "at32", "at64", "at1024"]
 
 
+def test_a_memory_bound_batch_goes_to_a_rung_whose_tile_takes_it_in_one_reading_of_the_weight():
+    """37 rows are nearer the rung at 32 than at 64, but rung 32's 32-row tile takes them in two
+    tiles, each reading the weight: rung 64's 64-row tile serves first (22 at bf16, H200: 0.0553
+    ms against 0.0690). Where no memory-bound rung's tile takes the batch in one (100 rows), or the
+    call is not memory-bound (200), the nearest serves as before."""
+    key = "dtype=float32,precision=bf16,mode=any,autograd=false"
+    rows = {1: 16, 8: 16, 32: 32, 64: 64, 512: 128, 1024: 128}
+    shapes = {f"batch_size={b},in_features={IN},out_features={OUT}": {key: {"variant": f"at{b}", "rows": r}}
+              for b, r in rows.items()}
+
+    def order(batch, tile_rows=lambda entry: entry["rows"]):
+        shape = {"batch_size": batch, "in_features": IN, "out_features": OUT}
+        return [entry["variant"] for _, entry in dispatch._by_batch_distance(shapes, shape, key, "batch_size", tile_rows)]
+
+    assert order(37) == ["at64", "at32", "at8", "at512", "at1024", "at1"]  # then as before: rung 64 may be restricted
+    assert order(37, tile_rows=None)[0] == "at32"  # without tiles known: the nearest
+    assert order(16)[:2] == ["at8", "at32"]  # rung 8's 16-row tile takes 16 rows: the tie rule
+    assert order(100)[:2] == ["at64", "at32"]  # two tiles of 64 beat one of rung 512's (H200: 0.0785 against 0.0922)
+    assert order(200)[0] == "at512"
+
+
+@needs_triton
+def test_the_runtime_reads_the_rows_per_tile_of_the_entries_configurations(monkeypatch):
+    """Rungs at 16 (a 16-row tile) and 64 (a 32-row tile): 20 rows, nearer 16, go to rung 64's tile,
+    which takes them in one; 12 rows stay at 16."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton kind is admitted on the CPU; nothing runs here
+    configs = triton_variant.gemm_configs(IN, "cpu", 20)
+    tile = {rows: next(c for c in configs if c["block_m"] == rows and c["operands"] == "split_host") for rows in (16, 32)}
+    for batch, rows in ((16, 16), (64, 32)):
+        record("matmul_gelu_softmax", batch, IN, OUT, variant="triton", params=tile[rows])
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad():
+        served = {batch: module.dispatch_info(torch.randn(batch, IN)) for batch in (12, 20)}
+    assert served[20]["params"] == tile[32] and served[20]["served_from"].startswith("batch_size=64,"), served[20]
+    assert served[12]["params"] == tile[16] and served[12]["served_from"].startswith("batch_size=16,"), served[12]
+
+
 @needs_triton
 def test_a_rung_that_runs_at_a_stricter_precision_is_built_at_it(monkeypatch):
     _, fp32 = write_family(monkeypatch)

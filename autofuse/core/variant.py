@@ -101,6 +101,14 @@ class Variant:
         return dict(params)
 
     @classmethod
+    def rows_per_tile(cls, params: Mapping[str, Any]) -> int | None:
+        """How many rows of the batch one tile of configuration ``params`` takes (None: not known,
+        or not a tiled kernel). A call with more rows than that in the memory-bound regime reads the
+        weight once per row tile, so the dispatcher prefers a neighbouring batch's configuration
+        that takes the call in one (``autofuse.serve.dispatch``)."""
+        return None
+
+    @classmethod
     def only_where_gated(cls, params: Mapping[str, Any]) -> str | None:
         """Why ``params`` may serve only the exact shape the gate passed it at (None: it may serve
         a neighbouring batch, as the dispatcher's nearest-batch fallback does)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -41,6 +42,12 @@ from autofuse.core.precision import dtype_name, parse_dtype, serving_order
 from autofuse.core.problem import Problem
 from autofuse.core.variant import check_params
 from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
+
+# Below this batch a call is memory-bound: the weight's read is the floor (H100, 8192² bf16: 134 MB
+# of weight, 40 µs at 3.35 TB/s, while 128 rows of products take ~2 µs). The tuner races small-tile
+# configurations at its rungs below it (``autofuse.tuning.batch_classes``), and the dispatcher
+# keeps a call there off configurations that would read the weight once per row tile.
+SMALL_BATCH = 128
 
 # How much faster the reference (eager) ran at the looser precision than at the stricter one,
 # H100, eager_ms in benchmarks/table.json: fp32 → tf32 5.70-6.96x (all five shapes and modes),
@@ -108,11 +115,13 @@ class Found:
         return f"{how} at {self.precision}" if self.exact_shape else f"{how}, tuned at {self.precision}"
 
 
-def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | None,
-               device_type: str) -> tuple[list[Found], list[tuple[int, str]]]:
+def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | None, device_type: str,
+               tile_rows: Callable[[dict], int | None] | None = None) -> tuple[list[Found], list[tuple[int, str]]]:
     """(entries that may serve, best first; why stricter entries that exist were passed over).
 
-    ``shapes`` is the table's shape key → dispatch key → entry mapping of one problem and device.
+    ``shapes`` is the table's shape key → dispatch key → entry mapping of one problem and device;
+    ``tile_rows``: the rows per tile of an entry's configuration (``rows_per_tile``), for the order
+    of a family's other batches (``_by_batch_distance``).
     Each passed-over entry comes with its rank: how many of the found ones rank before it
     (``passed_over_before`` keeps those that would have ranked before the one that serves).
     """
@@ -122,7 +131,7 @@ def candidates(shapes: dict, shape: dict, dkey: DispatchKey, batch_dim: str | No
             continue  # a bfloat16-input key exists only under bf16
         key = dataclasses.replace(dkey, precision=precision).to_str()
         exact = shapes.get(shape_key(shape), {}).get(key)
-        family = _by_batch_distance(shapes, shape, key, batch_dim)
+        family = _by_batch_distance(shapes, shape, key, batch_dim, tile_rows)
         # Old tables: the nearest alone; entries of a tune with batch classes: each in turn (module docstring).
         nearby = family[:1] + [(skey, entry) for skey, entry in family[1:] if _of_batch_classes(entry)]
         for skey, entry in ([(shape_key(shape), exact)] if exact is not None else []) + nearby:
@@ -200,7 +209,8 @@ def serving(shapes: dict, problem: Problem, shape: dict, dkey: DispatchKey, devi
     """(the entry the runtime would serve a call at ``shape`` with, None for the reference; why each
     entry that ranks before it, or any, may not), as ``Dispatcher.choose`` decides it, without
     building anything: for checking a table's coverage (benchmarks/gpu/batch_class_gaps.py)."""
-    found, passed_over = candidates(shapes, shape, dkey, problem.batch_dim, device_type)
+    found, passed_over = candidates(shapes, shape, dkey, problem.batch_dim, device_type,
+                                    lambda entry: rows_per_tile(problem, entry))
     why = [reason for _, reason in passed_over]
     for candidate in found:
         try:
@@ -247,12 +257,21 @@ def slower_than_reference(entry: dict, tuned: str, requested: str, device_type: 
             f"the reference gains at {requested}, so the reference at {requested} is expected to be faster")
 
 
-def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | None) -> list[tuple[str, dict]]:
+def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | None,
+                       tile_rows: Callable[[dict], int | None] | None = None) -> list[tuple[str, dict]]:
     """(shape key, entry) of every other batch size of ``shape``'s family (other dims equal) holding
     ``dkey``, nearest (in ratio) first; at equal distance the smaller batch: at 16, between the
     rungs at 8 and 32, a 16-row tile (rung 8's triton choice) was 2% faster than a 32-row one
     (rung 32's) (H100, 8192² bf16: 22, 99, gemm_bn eval), and the table's order, which decided
-    before, put 32 first."""
+    before, put 32 first.
+
+    Below ``SMALL_BATCH`` rows, where the nearest entry's configuration takes fewer rows per tile
+    than the call has (``tile_rows``), so it would read the weight once per row tile, the entries of
+    memory-bound batches known to take the call in one tile go first, the rest after in order. At 37 rows, nearer rung 32 than 64, rung 32's
+    32-row tile took 1.25-1.36x rung 64's 64-row one (22 under bf16: 0.0690 against 0.0553 ms; 99
+    under fp32: 0.150 against 0.111; H200, benchmarks/gpu/between_rungs.py). Only then: at 100 rows,
+    two tiles of rung 64's configuration still beat one of rung 512's 128-row configuration, made for
+    a compute-bound batch (22: 0.0785 against 0.0922 ms; 99 under fp32: 0.159 against 0.186)."""
     if batch_dim is None or not shape.get(batch_dim):
         return []
     others = {k: v for k, v in shape.items() if k != batch_dim}
@@ -268,4 +287,24 @@ def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | No
             continue
         at, wanted = tuned[batch_dim], shape[batch_dim]
         found.append((fractions.Fraction(max(at, wanted), min(at, wanted)), at, skey, by_key[dkey]))  # exact: ties are ties
-    return [(skey, entry) for _, _, skey, entry in sorted(found, key=lambda item: item[:2])]
+    wanted = shape[batch_dim]
+    ranked = [(skey, entry, at) for _, at, skey, entry in sorted(found, key=lambda item: item[:2])]
+    rows = [tile_rows(entry) if tile_rows is not None and wanted < SMALL_BATCH else None for _, entry, _ in ranked]
+    if ranked and rows[0] is not None and rows[0] < wanted:  # the nearest would split the call
+        in_one = [i for i, (_, _, at) in enumerate(ranked)
+                  if at < SMALL_BATCH and rows[i] is not None and rows[i] >= wanted]
+        ranked = [ranked[i] for i in in_one] + [item for i, item in enumerate(ranked) if i not in in_one]
+    return [(skey, entry) for skey, entry, _ in ranked]
+
+
+def rows_per_tile(problem: Problem, entry: dict) -> int | None:
+    """The rows per tile of ``entry``'s configuration (``Variant.rows_per_tile``), None where its
+    variant is unknown here or its params are not a mapping (``candidates`` passes such entries
+    over, saying why)."""
+    params = entry.get("params", {})
+    try:
+        variant_cls = registry.get_variant(problem.name, entry.get("variant"))
+    except Exception:  # noqa: BLE001 - an unknown variant: configuration() reports it
+        return None
+    rows = variant_cls.rows_per_tile(params) if isinstance(params, dict) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None

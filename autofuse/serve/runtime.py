@@ -36,7 +36,7 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import TableError
 from autofuse.serve import graphs
 from autofuse.serve import tune_on_miss as background
-from autofuse.serve.dispatch import CallKey, Found, candidates, configuration, passed_over_before
+from autofuse.serve.dispatch import CallKey, Found, candidates, configuration, passed_over_before, rows_per_tile
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
 from autofuse.serve.table import (DispatchKey, DispatchTable, current_fingerprint, fingerprint_key, serving_devices,
                                   shape_key)
@@ -280,7 +280,8 @@ class Dispatcher:
         devices, found, passed_over, tuned_on = document.get("devices", {}), [], [], None
         for section in serving_devices(devices, here):  # this GPU's section, then its siblings'
             shapes = devices[section].get("problems", {}).get(self.problem.name, {})
-            found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type)
+            found, passed_over = candidates(shapes, shape, dkey, self.problem.batch_dim, device.type,
+                                            lambda entry: rows_per_tile(self.problem, entry))
             if found:
                 tuned_on = section if section != fingerprint else None
                 break

@@ -29,7 +29,7 @@ from autofuse.core.problem import Problem
 from autofuse.core.variant import check_params
 from autofuse.errors import InputError, TableError
 from autofuse.serve import graphs
-from autofuse.serve.dispatch import bad_entry, gated_around
+from autofuse.serve.dispatch import SMALL_BATCH, bad_entry, gated_around  # below it a rung races small tiles too
 from autofuse.serve.table import fingerprint_key, parse_shape_key, shape_key
 from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
@@ -40,9 +40,6 @@ from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.search import trial_shapes
 from autofuse.tuning.selection import Row, candidate_records, choose
 
-# Below this batch a rung also races small-tile configurations: the call is memory-bound (H100,
-# 8192² bf16: 134 MB of weight, 40 µs at 3.35 TB/s, while 128 rows of products take ~2 µs).
-SMALL_BATCH = 128
 # The ladder's step between the smallest batch and B.
 RUNG_RATIO = 8
 # The forward ladder's extra rung inside the memory-bound regime, where the best tile is as tall as

@@ -304,6 +304,10 @@ class TritonVariant(Variant):
         return precision_configs(cls.configs(shape, device), precision)
 
     @classmethod
+    def rows_per_tile(cls, params):
+        return params.get("block_m")
+
+    @classmethod
     def params_elsewhere(cls, params):
         # x left for the tensor cores to truncate (split_trunc) is 0.7-1% faster than split_host but
         # less accurate in its low parts (2⁻²² of x against 2⁻²³): it failed the fp32 gate where

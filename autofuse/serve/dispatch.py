@@ -267,11 +267,12 @@ def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | No
 
     Below ``SMALL_BATCH`` rows, where the nearest entry's configuration takes fewer rows per tile
     than the call has (``tile_rows``), so it would read the weight once per row tile, the entries of
-    memory-bound batches known to take the call in one tile go first, the rest after in order. At 37 rows, nearer rung 32 than 64, rung 32's
-    32-row tile took 1.25-1.36x rung 64's 64-row one (22 under bf16: 0.0690 against 0.0553 ms; 99
-    under fp32: 0.150 against 0.111; H200, benchmarks/gpu/between_rungs.py). Only then: at 100 rows,
-    two tiles of rung 64's configuration still beat one of rung 512's 128-row configuration, made for
-    a compute-bound batch (22: 0.0785 against 0.0922 ms; 99 under fp32: 0.159 against 0.186)."""
+    memory-bound batches known to take the call in one tile go first, the rest after in order. At 37
+    rows, nearer rung 32 than 64, rung 32's 32-row tile took 1.25-1.36x rung 64's 64-row one (22
+    under bf16: 0.0690 against 0.0553 ms; 99 under fp32: 0.150 against 0.111; H200,
+    benchmarks/gpu/between_rungs.py). Only then: at 100 rows, two tiles of rung 64's configuration
+    still beat one of rung 512's 128-row configuration, made for a compute-bound batch (22: 0.0785
+    against 0.0922 ms; 99 under fp32: 0.159 against 0.186)."""
     if batch_dim is None or not shape.get(batch_dim):
         return []
     others = {k: v for k, v in shape.items() if k != batch_dim}

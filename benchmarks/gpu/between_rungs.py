@@ -21,16 +21,13 @@ import pathlib
 import sys
 import tempfile
 
-import torch
-
-from autofuse.bench.setup import FORWARD, dispatch_call, make_setup
+from autofuse.bench.setup import FORWARD, make_setup
 from autofuse.core import registry
 from autofuse.core.variant import EagerVariant
 from autofuse.serve.table import DispatchKey, parse_shape_key
-from autofuse.tuning.timing import time_interleaved
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from exact_batch import shape_at  # noqa: E402
+from exact_batch import race_tables, shape_at, write_rows  # noqa: E402
 
 
 def without(table: dict, prob, dkey: str, keep) -> dict:
@@ -64,24 +61,20 @@ def main(argv=None) -> int:
         for batch in args.batches:
             setup = make_setup(prob, shape_at(prob, batch, args.shape), "cuda", args.dtype, args.precision,
                                args.mode or "train", FORWARD)
-            calls, infos = {"eager": setup.timed(EagerVariant(args.precision))}, {}
+            tables = {}
             for side, keep in (("below", lambda b: b <= batch), ("above", lambda b: b >= batch)):
-                path = pathlib.Path(tmp) / f"{side}-{batch}.json"
-                path.write_text(json.dumps(without(table, prob, dkey, keep)))
-                infos[side], calls[side] = dispatch_call(setup, str(path))
-            with torch.no_grad():
-                timings = {name: t.median_ms for name, t in time_interleaved(calls, "cuda").items()}
-            row = {"batch": batch, **{f"{k}_ms": v for k, v in timings.items()},
-                   **{f"{side}_served_by": f"{infos[side]['variant']} ({infos[side]['source']})" for side in infos},
-                   "below_over_above": timings["below"] / timings["above"]}
+                tables[side] = pathlib.Path(tmp) / f"{side}-{batch}.json"
+                tables[side].write_text(json.dumps(without(table, prob, dkey, keep)))
+            medians, served = race_tables(setup, {side: str(path) for side, path in tables.items()},
+                                          {"eager": setup.timed(EagerVariant(args.precision))})
+            row = {"batch": batch, **{f"{name}_ms": ms for name, ms in medians.items()},
+                   **{f"{side}_served_by": by for side, by in served.items()},
+                   "below_over_above": medians["below"] / medians["above"]}
             rows.append(row)
-            print(f"batch {batch:5d}: below {timings['below']:.4f} ms [{row['below_served_by']}]  above "
-                  f"{timings['above']:.4f} ms [{row['above_served_by']}]  eager {timings['eager']:.4f}  "
+            print(f"batch {batch:5d}: below {medians['below']:.4f} ms [{row['below_served_by']}]  above "
+                  f"{medians['above']:.4f} ms [{row['above_served_by']}]  eager {medians['eager']:.4f}  "
                   f"below/above {row['below_over_above']:.3f}", flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = f"between-rungs-{prob.name}-{args.precision}-{args.dtype}-{mode}.json"
-        (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    write_rows(args.out, f"between-rungs-{prob.name}-{args.precision}-{args.dtype}-{mode}.json", rows)
     return 0
 
 

@@ -40,6 +40,25 @@ def shape_at(prob, batch: int, shape: str | None) -> dict:
     return base
 
 
+def race_tables(setup, tables: dict[str, str], others: dict | None = None) -> tuple[dict[str, float], dict[str, str]]:
+    """The setup's call served by each table (name → path) through ``get_module``, timed interleaved
+    with ``others`` (name → call): (median ms by name, "variant (source)" by table name)."""
+    calls, served = dict(others or {}), {}
+    for name, table in tables.items():
+        info, calls[name] = dispatch_call(setup, table)
+        served[name] = f"{info['variant']} ({info['source']})"
+    with torch.no_grad():
+        timings = time_interleaved(calls, "cuda")
+    return {name: t.median_ms for name, t in timings.items()}, served
+
+
+def write_rows(out: pathlib.Path | None, name: str, rows: list[dict]) -> None:
+    """The rows as JSON in ``out``/``name``, with the device named (nothing without ``out``)."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
 def tune_exact(prob, shape: dict, args, table: pathlib.Path, home: pathlib.Path) -> int:
     """``autofuse tune`` at ``shape`` into ``table``; its return code. ``home`` is one
     AUTOFUSE_HOME for all the batches of a run, so each CUDA configuration is built once
@@ -80,23 +99,15 @@ def main(argv=None) -> int:
             exact.parent.mkdir(parents=True)
             rc = tune_exact(prob, shape, args, exact, pathlib.Path(tmp) / "home")
             setup = make_setup(prob, shape, "cuda", args.dtype, args.precision, mode, FORWARD)
-            calls, infos = {}, {}
-            for name, table in (("shipped", args.table), ("exact", str(exact))):
-                infos[name], calls[name] = dispatch_call(setup, table)
-            with torch.no_grad():
-                timings = time_interleaved(calls, "cuda")
-            ratio = timings["shipped"].median_ms / timings["exact"].median_ms
-            row = {"batch": batch, "tune_rc": rc, "ratio": ratio,
-                   **{f"{name}_ms": timings[name].median_ms for name in calls},
-                   **{f"{name}_variant": f"{infos[name]['variant']} ({infos[name]['source']})" for name in calls}}
+            medians, served = race_tables(setup, {"shipped": args.table, "exact": str(exact)})
+            ratio = medians["shipped"] / medians["exact"]
+            row = {"batch": batch, "tune_rc": rc, "ratio": ratio, **{f"{name}_ms": ms for name, ms in medians.items()},
+                   **{f"{name}_variant": by for name, by in served.items()}}
             rows.append(row)
             print(f"batch {batch:6d}: shipped {row['shipped_ms']:.4f} ms [{row['shipped_variant']}]  exact "
                   f"{row['exact_ms']:.4f} ms [{row['exact_variant']}]  ratio {ratio:.3f}"
                   f"{'' if rc == 0 else f'  (tune rc {rc})'}", flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = f"exact-batch-{prob.name}-{args.precision}-{args.dtype}-{mode}.json"
-        (args.out / name).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    write_rows(args.out, f"exact-batch-{prob.name}-{args.precision}-{args.dtype}-{mode}.json", rows)
     return 0
 
 

@@ -26,6 +26,7 @@ import torch
 from profile_variant import kernel_times, without_flush  # this folder: the script's own path
 
 from autofuse.core import registry
+from autofuse.core.precision import parse_dtype
 from autofuse.serve.table import DispatchKey, shape_key
 from autofuse.tuning import timing
 from autofuse.tuning.gate import CheckCase, build_case
@@ -96,7 +97,7 @@ def main():
     mode = args.mode if prob.mode_sensitive else "any"
     steps = {}
     for name in args.variants.split(","):
-        model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, getattr(torch, args.dtype), args.mode)
+        model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, parse_dtype(args.dtype), args.mode)
         cls = registry.get_variant(args.problem, name)
         params = recorded_params(args.table, args.problem, tuned, mode, args.precision, name, args.dtype)
         params = cls.configs(shape, "cuda")[0] if params is None else params

@@ -9,7 +9,9 @@ table (``--budget quick --no-batch-classes --no-autograd-entry``: the forward ke
 a tune gets), then the forward of the module ``get_module`` returns with the shipped table and
 with that exact table, timed interleaved (``autofuse.tuning.timing.time_interleaved``: CUDA
 events, L2 flushed, medians of 30 rounds), on the same model and input. It prints a line per batch:
-the variant and source each table dispatches to, both medians, and their ratio. Each tune takes
+the variant and source each table dispatches to, both medians, and their ratio. With ``--out`` the
+exact tables stay there (``exact-tables-*/b<batch>.json``): each winner's configuration and the
+candidates it beat. Each tune takes
 20-60 s on an H100 once the CUDA variants are built (the first tune of a run builds them), so
 a full list of batches takes minutes: run it for one key at a time.
 """
@@ -93,10 +95,11 @@ def main(argv=None) -> int:
     mode = args.mode or "train"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        tables = (args.out or pathlib.Path(tmp)) / f"exact-tables-{prob.name}-{args.precision}-{args.dtype}-{mode}"
         for batch in args.batches:
             shape = shape_at(prob, batch, args.shape)
-            exact = pathlib.Path(tmp) / f"b{batch}" / "table.json"
-            exact.parent.mkdir(parents=True)
+            exact = tables / f"b{batch}.json"  # kept under --out: its winner's configuration and candidates
+            exact.parent.mkdir(parents=True, exist_ok=True)
             rc = tune_exact(prob, shape, args, exact, pathlib.Path(tmp) / "home")
             setup = make_setup(prob, shape, "cuda", args.dtype, args.precision, mode, FORWARD)
             medians, served = race_tables(setup, {"shipped": args.table, "exact": str(exact)})

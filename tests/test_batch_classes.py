@@ -734,3 +734,36 @@ def test_a_classes_only_run_races_the_next_fastest_configurations_its_entry_reco
                                         autograd=False)
     assert [(c.variant, c.params) for c in ladder.runners_up] == [("eager", {}), ("simplified", {})]
     assert batch_classes.recorded_ranking({"variant": "eager", "params": {}}, spaces) == []  # an entry without records
+
+
+def test_a_rung_races_each_other_fused_kind_that_was_close_at_b():
+    """The study's runners-up are the winner's variant's next configurations; a kind timed within
+    the budget's prune of the winner at B (cuBLAS + epilogue at 1.07x triton's, matmul_clamp_lse_mish
+    bf16) races at every forward rung too, fastest first: it picks its kernel per call and may win
+    where the batch is small. A kind beyond prune, one that failed, or one no longer offered does
+    not; nor do the autograd rungs (each candidate a training step)."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    configs = registry.get_variant(prob.name, "triton").configs_for(TUNED, "cuda", "bf16")
+    spaces = {"triton": configs, "cublas_epilogue": [{"block": 256, "items": 0}], "eager": [{}], "simplified": [{}]}
+    records = {"triton": {"params": configs[0], "outcome": "ok", "median_ms": 0.20},
+               "cublas_epilogue": {"params": {"block": 256, "items": 0}, "outcome": "ok", "median_ms": 0.214},
+               "eager": {"params": {}, "outcome": "ok", "median_ms": 0.45}}
+    entry = {"variant": "triton", "params": configs[0], "median_ms": 0.20, "candidates": records}
+    ranked = [("triton", c) for c in configs[:4]]
+    small = {**TUNED, "batch_size": 8}
+    for budget in BUDGETS.values():
+        ladder = batch_classes.build_ladder(prob.name, entry, ranked, spaces, None, "bf16", budget, autograd=False)
+        assert ("cublas_epilogue", {"block": 256, "items": 0}) in [(c.variant, c.params) for c in ladder.runners_up]
+        assert [c.variant for c in ladder.runners_up].count("eager") == 0  # the simplest race as such
+        raced = batch_classes.rung_candidates(ladder, prob, small, "cuda", "bf16", budget)
+        assert raced[0].params == configs[0] and "cublas_epilogue" in {c.variant for c in raced}
+        graded = batch_classes.build_ladder(prob.name, entry, [], spaces, None, "bf16", budget, autograd=True)
+        assert graded.runners_up == []
+
+    def kinds(**record):
+        at = {**entry, "candidates": {**records, "cublas_epilogue": {**records["cublas_epilogue"], **record}}}
+        return [c.variant for c in batch_classes.other_kinds(at, spaces, BUDGETS["quick"], registry.variants(prob.name))]
+
+    assert kinds() == kinds(outcome="out_of_reach") == ["cublas_epilogue"]  # timed, if not gated, at B
+    assert kinds(median_ms=0.41) == kinds(outcome="incorrect") == kinds(params={"block": 64, "items": 0}) == []
+    assert batch_classes.other_kinds(entry, spaces, BUDGETS["full"], registry.variants(prob.name))  # no prune

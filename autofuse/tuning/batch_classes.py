@@ -5,7 +5,8 @@ gate at batch 1 and passed at 37 and up, H100: ``TritonVariant.only_where_gated`
 fastest one at B is not the fastest where the batch is small and the weight's read is the floor.
 So after the search at B, each "rung" of the ladder (the problem's smallest batch, the powers of 8
 below B, 32 for the forward, and 2B: ``rung_batches``) races a handful of candidates at that batch: the winner's
-configuration first, the study's next fastest, small-tile seeds below ``SMALL_BATCH`` (the
+configuration first, the study's next fastest, each other fused variant's best at B within the
+budget's ``prune`` of the winner (``other_kinds``), small-tile seeds below ``SMALL_BATCH`` (the
 variant's ``small_batch_seeds``), the simplest variants, and, where the winner's operands pass
 only where gated, its variant at the next stricter precision. Each is timed at the rung's shape,
 then gated fastest first as a trial is (``evaluate``; under ``quick`` only within reach of the best
@@ -84,7 +85,7 @@ class Ladder:
     """What every rung of one key races, besides its own small-batch seeds."""
 
     winner: Candidate  # the winner at B
-    runners_up: list[Candidate]  # the study's next fastest at B
+    runners_up: list[Candidate]  # the study's next fastest at B, then each other kind's best (``other_kinds``)
     simplest: list[Candidate]  # eager and simplified: a rung always has a gated entry
     stricter: Candidate | None  # the winner's variant at the next stricter precision, where it is restricted
     spaces: dict  # the tune's admitted variants and their configurations at B
@@ -113,6 +114,8 @@ def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spa
     first = Candidate(winner["variant"], dict(winner["params"]), autograd)
     runners = [] if autograd else [Candidate(v, dict(p)) for v, p in ranked
                                    if (v, p) != (first.variant, first.params)][:budget.rung_runners_up]
+    if not autograd:
+        runners += [c for c in other_kinds(winner, spaces, budget, variants) if c not in runners]
     simplest = [Candidate(name, dict(configs[0]), autograd) for name, configs in spaces.items()
                 if variants[name].rank() <= 1 and name != first.variant and (variants[name].supports_autograd or not autograd)]
     stricter, cls = None, variants[first.variant]
@@ -120,6 +123,28 @@ def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spa
     if cls.only_where_gated(first.params) is not None and next_stricter and next_stricter[0] in cls.precisions:
         stricter = Candidate(first.variant, dict(stricter_params or {}), autograd, next_stricter[0])
     return Ladder(first, runners, simplest, stricter, spaces, winner.get("speedup"))
+
+
+def other_kinds(winner: dict, spaces: dict, budget: Budget, variants: dict) -> list[Candidate]:
+    """Each other fused variant's best configuration at B (the entry's ``candidates``) timed within
+    the budget's ``prune`` of the winner, fastest first: the study's runners-up are mostly the
+    winner's variant, so without these a rung never raced a kind that was close at B and may win
+    at another batch: cuBLAS picks its kernel per call's rows, a triton configuration keeps its
+    tile. H200, 22 under bf16 at 8192² (torch.compile 1.03x and cuBLAS + epilogue 1.07x triton's
+    time at B): at 128 and 256 rows ``compiled`` won (0.0493 and 0.0602 ms), where rung 64's
+    triton tile had served 100 rows in 0.0791; at 1-32 rows the small triton tiles kept their rungs
+    (cuBLAS + epilogue 1.23-1.26x). The simplest variants race at every rung anyway."""
+    best = winner.get("median_ms")
+    if best is None:
+        return []
+    held = studies.space_labels(spaces)
+    timed = [(record["median_ms"], name, record["params"]) for name, record in (winner.get("candidates") or {}).items()
+             if name != winner["variant"] and name in variants and variants[name].rank() > 1
+             and isinstance(record, dict) and record.get("median_ms") is not None
+             and record.get("outcome") in (Outcome.OK.value, Outcome.OUT_OF_REACH.value)
+             and record["median_ms"] <= budget.prune * best
+             and (name, studies.config_label(record["params"])) in held]
+    return [Candidate(name, dict(params)) for _, name, params in sorted(timed, key=lambda t: t[0])]
 
 
 def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,

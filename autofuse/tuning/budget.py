@@ -16,7 +16,8 @@ variants whose forward is within ``grad_reach`` of the best forward enter the au
 ``full`` gates every candidate and searches the whole trial budget, as autofuse did before.
 
 Each batch class of the key (``autofuse.tuning.batch_classes``) races the winner's configuration,
-``rung_runners_up`` more of the study's fastest and, below ``SMALL_BATCH``, ``rung_seeds``
+``rung_runners_up`` more of the study's fastest, each other fused variant whose best at B was within
+``prune`` of the winner and, below ``SMALL_BATCH``, ``rung_seeds``
 small-tile configurations; under ``quick`` they too are gated only within ``reach``.
 """
 

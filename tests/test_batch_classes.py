@@ -40,16 +40,31 @@ def test_the_rungs_are_the_smallest_batch_powers_of_8_below_and_twice_the_tuned_
     """The autograd ladder's; the forward's also stops at 32 where 32 lies strictly inside it."""
     prob = registry.get_problem(problem)
     tuned = {**TUNED, "batch_size": shape}
-    assert batch_classes.rung_batches(prob, tuned, mode, autograd=True) == want
-    inside = [b for b in batch_classes.MEMORY_BOUND_RUNGS if batch_classes.smallest_batch(prob, mode) < b < shape]
-    assert batch_classes.rung_batches(prob, tuned, mode) == sorted(want + inside)
+    for precision, extra in batch_classes.MEMORY_BOUND_RUNGS.items():
+        assert batch_classes.rung_batches(prob, tuned, mode, precision, autograd=True) == want
+        inside = [b for b in extra if batch_classes.smallest_batch(prob, mode) < b < shape]
+        assert batch_classes.rung_batches(prob, tuned, mode, precision) == sorted(want + inside)
 
 
 def test_the_forward_ladder_has_a_rung_at_32_where_tiles_of_32_rows_serve():
     prob = registry.get_problem("gemm_bn")
-    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 1024}, "train") == [2, 8, 32, 64, 512, 2048]
-    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 32}, "eval") == [1, 8, 64]
-    assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 33}, "eval") == [1, 8, 32, 66]
+    for precision in ("fp32", "ieee"):
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 1024}, "train", precision) == [2, 8, 32, 64, 512,
+                                                                                                      2048]
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 32}, "eval", precision) == [1, 8, 64]
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 33}, "eval", precision) == [1, 8, 32, 66]
+
+
+def test_under_16_and_19_bit_products_the_forward_ladder_steps_through_the_memory_bound_hundreds():
+    """bf16 and tf32 stay memory-bound to a few hundred rows, where neither 64's tile nor 512's serves."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    for precision in ("bf16", "tf32"):
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 1024}, "any", precision) == [
+            1, 8, 32, 64, 128, 256, 512, 2048]
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 200}, "any", precision) == [1, 8, 32, 64, 128,
+                                                                                                     400]
+        assert batch_classes.rung_batches(prob, {**TUNED, "batch_size": 1024}, "any", precision, autograd=True) == [
+            1, 8, 64, 512, 2048]
 
 
 def test_a_small_rung_races_small_tiles_and_a_restricted_winner_its_stricter_precision():
@@ -143,6 +158,29 @@ def test_a_memory_bound_batch_goes_to_a_rung_whose_tile_takes_it_in_one_reading_
     assert order(16)[:2] == ["at8", "at32"]  # rung 8's 16-row tile takes 16 rows: the tie rule
     assert order(100)[:2] == ["at64", "at32"]  # two tiles of 64 beat one of rung 512's (H200: 0.0785 against 0.0922)
     assert order(200)[0] == "at512"
+
+
+def test_up_to_256_rows_a_call_the_nearest_tile_would_split_goes_to_a_memory_bound_rung_that_takes_it_in_one():
+    """A bf16 ladder with rungs at 128 (a 128-row tile) and 256 (cuBLAS-based: no tile, it picks its
+    kernel per call): 80 rows, nearer 64, go to rung 128's tile; 180, nearer 128, to rung 256; past
+    256 rows, or where only a compute-bound rung (512) would take the call, the nearest serves."""
+    key = "dtype=float32,precision=bf16,mode=any,autograd=false"
+    rows = {1: 16, 8: 16, 32: 32, 64: 64, 128: 128, 256: None, 512: None, 1024: 128}
+    shapes = {f"batch_size={b},in_features={IN},out_features={OUT}": {key: {"variant": f"at{b}", "rows": r}}
+              for b, r in rows.items()}
+
+    def order(batch, without=()):
+        shape = {"batch_size": batch, "in_features": IN, "out_features": OUT}
+        held = {k: v for k, v in shapes.items() if int(k.split(",")[0].split("=")[1]) not in without}
+        return [entry["variant"] for _, entry in dispatch._by_batch_distance(held, shape, key, "batch_size",
+                                                                              lambda entry: entry["rows"])]
+
+    assert order(80)[:3] == ["at128", "at256", "at64"]
+    assert order(180)[:2] == ["at256", "at128"]
+    assert order(300)[0] == "at256"  # the nearest: no tile known
+    assert order(40)[:2] == ["at64", "at128"]  # the nearest of those that take it in one first
+    assert order(100, without=(128, 256))[:2] == ["at64", "at32"]  # rung 512's cuBLAS entry was made for 512 rows
+    assert order(200, without=(256,))[0] == "at128"  # nothing up to 256 takes it in one: the nearest
 
 
 @needs_triton
@@ -519,9 +557,9 @@ def test_the_small_batch_tiles_pass_the_gate_on_the_gpu(problem, mode, precision
 @needs_triton
 @pytest.mark.parametrize("precision", ["tf32", "fp32", "bf16"])
 def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path, precision):
-    """A tune at 256 writes rungs at 1, 8, 32, 64 and 512; every batch from 1 to 512 is then served by
-    a table entry (never "no entry" or "unusable entry": the reference untuned), within the
-    precision's tolerance of float64."""
+    """A tune at 256 writes rungs at 1, 8, 32, 64 and 512 (and 128 under tf32 and bf16); every batch
+    from 1 to 512 is then served by a table entry (never "no entry" or "unusable entry": the
+    reference untuned), within the precision's tolerance of float64."""
     shape = {"batch_size": 256, "in_features": 1024, "out_features": 1024}
     table = tmp_path / "t.json"
     [result] = autofuse.tune("matmul_gelu_softmax", shape, device="cuda", precision=precision, table=table, seed=1,
@@ -529,13 +567,13 @@ def test_a_gpu_tune_serves_every_batch_from_1_to_2b_with_a_gated_entry(tmp_path,
                              n_trials=6)
     key = f"dtype=float32,precision={precision},mode=any,autograd=false"
     entries = entries_by_batch(table, key=key)
-    assert sorted(entries) == [1, 8, 32, 64, 256, 512], sorted(entries)
+    assert sorted(entries) == [1, 8, 32, 64] + ([128] if precision != "fp32" else []) + [256, 512], sorted(entries)
     print(f"\n{precision}: tuned in {result.seconds:.0f} s; " + "; ".join(
         f"{b}: {e['variant']} {e.get('runs_at', '')} {e['median_ms']:.4g} ms (eager {e['eager_ms']:.4g})"
         for b, e in sorted(entries.items())))
     prob = registry.get_problem("matmul_gelu_softmax")
     module = autofuse.get_module("matmul_gelu_softmax", 1024, 1024, table=table, precision=precision).cuda()
-    for batch in (1, 2, 3, 8, 37, 100, 255, 257, 512):
+    for batch in (1, 2, 3, 8, 37, 100, 128, 200, 255, 257, 512):
         x = torch.rand(batch, 1024, device="cuda")
         with torch.no_grad():
             info, out = module.dispatch_info(x), module(x)
@@ -616,9 +654,9 @@ def test_the_gaps_script_lists_ladders_that_lack_a_rung_and_the_tune_that_races_
     """A family tuned before its ladder had a rung at 32: ``--missing-rungs`` lists it with a
     ``--rungs 32`` tune of its forward entry; a rung there, or an entry tuned there directly, ends
     that; an autograd entry (whose ladder has no 32) is never listed; the default listing is not
-    changed by it (every batch is served)."""
+    changed by it (every batch is served). Under bf16 the ladder has since gained 128 and 256 too."""
     script = _gaps_script()
-    key, grad = "dtype=float32,precision=bf16,mode=any,autograd=false", "dtype=float32,precision=bf16,mode=any,autograd=true"
+    key, grad = "dtype=float32,precision=fp32,mode=any,autograd=false", "dtype=float32,precision=fp32,mode=any,autograd=true"
 
     def at(batch):
         return f"batch_size={batch},in_features=64,out_features=32"
@@ -637,12 +675,16 @@ def test_the_gaps_script_lists_ladders_that_lack_a_rung_and_the_tune_that_races_
     assert script.main(["--table", str(table), "--missing-rungs"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"1 tuned forward keys whose batch classes lack rungs in {table}"), out
-    assert (f"autofuse tune matmul_gelu_softmax --shape {at(1024)} --dtype float32 --precision bf16 "
+    assert (f"autofuse tune matmul_gelu_softmax --shape {at(1024)} --dtype float32 --precision fp32 "
             f"--variants eager,simplified --batch-classes-only --no-autograd-entry --rungs 32 --table {table}") in out
     assert script.main(["--table", str(table)]) == 0
     assert capsys.readouterr().out.startswith("0 tuned forward keys without batch classes")
     family[at(32)] = {key: entry()}  # tuned there directly: as good as a rung
     assert script.missing_rungs(doc) == []
+    half = key.replace("fp32", "bf16")
+    for by_key in family.values():
+        by_key[half] = by_key.pop(key)
+    assert script.missing_rungs(doc) == [("matmul_gelu_softmax", at(1024), half, ["eager", "simplified"], [128, 256])]
 
 
 def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_failure(tmp_path, capsys, monkeypatch):

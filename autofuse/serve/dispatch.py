@@ -43,11 +43,12 @@ from autofuse.core.problem import Problem
 from autofuse.core.variant import check_params
 from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 
-# Below this batch a call is memory-bound: the weight's read is the floor (H100, 8192² bf16: 134 MB
-# of weight, 40 µs at 3.35 TB/s, while 128 rows of products take ~2 µs). The tuner races small-tile
-# configurations at its rungs below it (``autofuse.tuning.batch_classes``), and the dispatcher
-# keeps a call there off configurations that would read the weight once per row tile.
-SMALL_BATCH = 128
+# Below this batch the weight's read is a call's floor (H100, 8192² bf16: 134 MB of weight, 40 µs
+# at 3.35 TB/s, while 128 rows of products take ~2 µs; under bf16 and tf32 to a few hundred rows:
+# the tuner's ladders there have rungs at 128 and 256, ``batch_classes.MEMORY_BOUND_RUNGS``), and
+# the dispatcher keeps a call off a nearest entry whose tile would split it, so read the weight
+# once per row tile (``_by_batch_distance``).
+ONE_TILE_BATCH = 256
 
 # How much faster the reference (eager) ran at the looser precision than at the stricter one,
 # H100, eager_ms in benchmarks/table.json: fp32 → tf32 5.70-6.96x (all five shapes and modes),
@@ -265,14 +266,17 @@ def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | No
     (rung 32's) (H100, 8192² bf16: 22, 99, gemm_bn eval), and the table's order, which decided
     before, put 32 first.
 
-    Below ``SMALL_BATCH`` rows, where the nearest entry's configuration takes fewer rows per tile
+    Below ``ONE_TILE_BATCH`` rows, where the nearest entry's configuration takes fewer rows per tile
     than the call has (``tile_rows``), so it would read the weight once per row tile, the entries of
-    memory-bound batches known to take the call in one tile go first, the rest after in order. At 37
-    rows, nearer rung 32 than 64, rung 32's 32-row tile took 1.25-1.36x rung 64's 64-row one (22
-    under bf16: 0.0690 against 0.0553 ms; 99 under fp32: 0.150 against 0.111; H200,
-    benchmarks/gpu/between_rungs.py). Only then: at 100 rows, two tiles of rung 64's configuration
-    still beat one of rung 512's 128-row configuration, made for a compute-bound batch (22: 0.0785
-    against 0.0922 ms; 99 under fp32: 0.159 against 0.186)."""
+    memory-bound batches (up to ``ONE_TILE_BATCH``) known to take the call in one go first, the rest
+    after in order: those whose tile holds the call's rows, and cuBLAS-based ones (no tile: cuBLAS
+    picks its kernel per call) made at a batch at least the call's. At 37 rows, nearer rung 32 than
+    64, rung 32's 32-row tile took 1.25-1.36x rung 64's 64-row one (22 under bf16: 0.0690 against
+    0.0553 ms; 99 under fp32: 0.150 against 0.111; H200, benchmarks/gpu/between_rungs.py). Only
+    then, and only from rungs up to ``ONE_TILE_BATCH``: at 100 rows, two tiles of rung 64's
+    configuration still beat one of rung 512's 128-row configuration, made for a compute-bound
+    batch (22: 0.0785 against 0.0922 ms; 99 under fp32: 0.159 against 0.186). Under bf16 and tf32
+    the ladder's rungs at 128 and 256 take such calls (``batch_classes.MEMORY_BOUND_RUNGS``)."""
     if batch_dim is None or not shape.get(batch_dim):
         return []
     others = {k: v for k, v in shape.items() if k != batch_dim}
@@ -290,10 +294,10 @@ def _by_batch_distance(shapes: dict, shape: dict, dkey: str, batch_dim: str | No
         found.append((fractions.Fraction(max(at, wanted), min(at, wanted)), at, skey, by_key[dkey]))  # exact: ties are ties
     wanted = shape[batch_dim]
     ranked = [(skey, entry, at) for _, at, skey, entry in sorted(found, key=lambda item: item[:2])]
-    rows = [tile_rows(entry) if tile_rows is not None and wanted < SMALL_BATCH else None for _, entry, _ in ranked]
+    rows = [tile_rows(entry) if tile_rows is not None and wanted < ONE_TILE_BATCH else None for _, entry, _ in ranked]
     if ranked and rows[0] is not None and rows[0] < wanted:  # the nearest would split the call
         in_one = [i for i, (_, _, at) in enumerate(ranked)
-                  if at < SMALL_BATCH and rows[i] is not None and rows[i] >= wanted]
+                  if at <= ONE_TILE_BATCH and (at >= wanted if rows[i] is None else rows[i] >= wanted)]
         ranked = [ranked[i] for i in in_one] + [item for i, item in enumerate(ranked) if i not in in_one]
     return [(skey, entry) for skey, entry, _ in ranked]
 

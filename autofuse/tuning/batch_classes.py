@@ -4,16 +4,17 @@ A configuration gated at B may be wrong elsewhere (TF32 products on float16 part
 gate at batch 1 and passed at 37 and up, H100: ``TritonVariant.only_where_gated``), and the
 fastest one at B is not the fastest where the batch is small and the weight's read is the floor.
 So after the search at B, each "rung" of the ladder (the problem's smallest batch, the powers of 8
-below B, 32 for the forward, and 2B: ``rung_batches``) races a handful of candidates at that batch: the winner's
-configuration first, the study's next fastest, each other fused variant's best at B within the
-budget's ``prune`` of the winner (``other_kinds``), small-tile seeds below ``SMALL_BATCH`` (the
-variant's ``small_batch_seeds``), the simplest variants, and, where the winner's operands pass
-only where gated, its variant at the next stricter precision. Each is timed at the rung's shape,
-then gated fastest first as a trial is (``evaluate``; under ``quick`` only within reach of the best
-gated, ``run_rung``), the best few re-timed against eager (``choose``), and
-the choice becomes an ordinary table entry at batch b marked ``rung_of`` B. A batch between rungs
-is served by the nearest entries (``autofuse.serve.dispatch``); an entry restricted to where it was
-gated serves only inside the batches its exact configuration passed (``gated_batches``).
+below B, for the forward 32, and 128 and 256 under bf16 and tf32, and 2B: ``rung_batches``) races
+a handful of candidates at that batch: the winner's configuration first, the study's next
+fastest, each other fused variant's best at B within the budget's ``prune`` of the winner
+(``other_kinds``), small-tile seeds below ``SMALL_BATCH`` (the variant's ``small_batch_seeds``),
+the simplest variants, and, where the winner's operands pass only where gated, its variant at the
+next stricter precision. Each is timed at the rung's shape, then gated fastest first as a trial
+is (``evaluate``; under ``quick`` only within reach of the best gated, ``run_rung``), the best few
+re-timed against eager (``choose``), and the choice becomes an ordinary table entry at batch b
+marked ``rung_of`` B. A batch between rungs is served by the nearest entries
+(``autofuse.serve.dispatch``); an entry restricted to where it was gated serves only inside the
+batches its exact configuration passed (``gated_batches``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from autofuse.core.problem import Problem
 from autofuse.core.variant import check_params
 from autofuse.errors import InputError, TableError
 from autofuse.serve import graphs
-from autofuse.serve.dispatch import SMALL_BATCH, bad_entry, gated_around  # below it a rung races small tiles too
+from autofuse.serve.dispatch import bad_entry, gated_around
 from autofuse.serve.table import fingerprint_key, parse_shape_key, shape_key
 from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
@@ -43,22 +44,32 @@ from autofuse.tuning.selection import Row, candidate_records, choose
 
 # The ladder's step between the smallest batch and B.
 RUNG_RATIO = 8
-# The forward ladder's extra rung inside the memory-bound regime, where the best tile is as tall as
-# the batch (the triton kind's small tiles are 16, 32 and 64 rows): without it batch 32 took rung
+# Below this batch the weight's read is the floor (H100, 8192² bf16: 134 MB of weight, 40 µs at
+# 3.35 TB/s, while 128 rows of products take ~2 µs): a rung races small-tile configurations too.
+SMALL_BATCH = 128
+# The forward ladder's extra rungs inside the memory-bound regime, where the best tile is as tall as
+# the batch (the triton kind's small tiles are 16, 32 and 64 rows): without 32, batch 32 took rung
 # 64's choice, for triton a 64-row tile, 4-6% slower than a 32-row one (H100, 8192² bf16, tuner's
 # timing: 22 60.2 µs against 57.9, 99 64.1 against 61.0, gemm_bn eval of a bfloat16 model 55.7
-# against 52.4), and a 16-row tile (rung 8's) was no better (55.3-65.7). The autograd ladder races the same few
-# configurations at every rung, so it gains nothing from another.
-MEMORY_BOUND_RUNGS = (32,)
+# against 52.4), and a 16-row tile (rung 8's) was no better (55.3-65.7). Where the tensor cores
+# take one 16- or 19-bit product per multiply (bf16, tf32) the GEMM stays memory-bound to a few
+# hundred rows (the ridge: ~206 FLOP per byte on an H200, ~295 on an H100), and neither neighbour
+# of 64 and 512 serves between them: at 100 and 200 rows of 22's bf16 family rung 64's 64-row tile
+# read W twice and rung 512's 128×256 tile ran 64 programs, 1.67x and 1.75x torch.compile's
+# cuBLAS GEMM (0.0842 and 0.0952 ms against 0.0503 and 0.0545, H200). fp32's split takes three
+# products and ieee's FMA is slower still: compute-bound there (99 fp32 at 200 rows: rung 512
+# served at 1.004x a tune at 200). The autograd ladder races the same few configurations at
+# every rung, so it gains nothing from more.
+MEMORY_BOUND_RUNGS = {"ieee": (32,), "fp32": (32,), "tf32": (32, 128, 256), "bf16": (32, 128, 256)}
 # At a compute-bound rung, the simplest variants race only where nothing else passes if eager was
 # beyond this many times the budget's reach at B (``Ladder.fallbacks``).
 FALLBACK_SPEEDUP = 2.0
 
 
-def rung_batches(problem: Problem, shape: dict, mode: str, autograd: bool = False) -> list[int]:
-    """The batches a tune at ``shape`` also covers: the problem's smallest batch (2 for a training
-    BatchNorm), each power of ``RUNG_RATIO`` between it and B, the forward's ``MEMORY_BOUND_RUNGS``
-    between them, and 2B; never B itself."""
+def rung_batches(problem: Problem, shape: dict, mode: str, precision: str, autograd: bool = False) -> list[int]:
+    """The batches a tune at ``shape`` and ``precision`` also covers: the problem's smallest batch (2
+    for a training BatchNorm), each power of ``RUNG_RATIO`` between it and B, the forward's
+    ``MEMORY_BOUND_RUNGS`` at the precision between them, and 2B; never B itself."""
     if problem.batch_dim is None:
         return []
     tuned, smallest = shape[problem.batch_dim], smallest_batch(problem, mode)
@@ -67,7 +78,7 @@ def rung_batches(problem: Problem, shape: dict, mode: str, autograd: bool = Fals
         rungs.add(power)
         power *= RUNG_RATIO
     if not autograd:
-        rungs.update(b for b in MEMORY_BOUND_RUNGS if smallest < b < tuned)
+        rungs.update(b for b in MEMORY_BOUND_RUNGS[precision] if smallest < b < tuned)
     return sorted(b for b in rungs if b != tuned)
 
 
@@ -411,7 +422,7 @@ def bridge(prob, shape, job, dkey, family: dict[int, dict], worker, trial_timeou
 def _kept_rungs(table, fingerprint, prob, shape, dkey, mode) -> dict[int, dict]:
     """batch → the table's entry there that is one of this family's rungs (``rung_of`` its tuned shape)."""
     kept = {}
-    for batch in rung_batches(prob, shape, mode, dkey.autograd):
+    for batch in rung_batches(prob, shape, mode, dkey.precision, dkey.autograd):
         held = _held(table, fingerprint, prob, rung_shape(prob, shape, batch), dkey)
         if held is not None and not bad_entry(held) and held.get("rung_of") == shape_key(shape):
             kept[batch] = held
@@ -438,7 +449,7 @@ def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, se
         ladder = build_ladder(prob.name, entry, [] if autograd else searched.ranked(), searched.spaces,
                               _stricter_params(table, fingerprint, prob, shape, dkey, entry), job.precision,
                               budget, autograd)
-        rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode, autograd)
+        rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode, job.precision, autograd)
                  if only is None or b in only]
         rungs = [at for at in rungs if not _rung_done(table, fingerprint, prob, at, dkey, shape, searched)]
         work.append((entry, dkey, ladder,

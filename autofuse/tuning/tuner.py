@@ -131,7 +131,7 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
     if classes_only and not (batch_classes and prob.batch_dim is not None):
         raise InputError(f"classes_only adds batch classes: it needs batch_classes on and a problem with a batch "
                          f"dimension ({prob.name}: {prob.batch_dim})")
-    rungs = _check_rungs(prob, shapes, settings["mode"], rungs, batch_classes)
+    rungs = _check_rungs(prob, shapes, settings["mode"], settings["precision"], rungs, batch_classes)
     plan = Plan(n_trials, timeout, trial_timeout, variants, url, workers, autograd_entry, progress, budget,
                 bool(batch_classes), bool(classes_only), rungs, backend=open_storage(storage))  # a bad URL fails here
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
@@ -142,7 +142,8 @@ def tune(problem: str, shape: Mapping[str, int] | None = None, *, device: str | 
         return [_tune_shape(prob, s, settings, worker, table, plan) for s in shapes]
 
 
-def _check_rungs(prob: Problem, shapes: list[dict], mode: str, rungs, classes_on: bool) -> tuple[int, ...] | None:
+def _check_rungs(prob: Problem, shapes: list[dict], mode: str, precision: str, rungs,
+                 classes_on: bool) -> tuple[int, ...] | None:
     """``rungs`` as a tuple, once each is a batch class of every shape to tune (before any work)."""
     if rungs is None:
         return None
@@ -152,7 +153,7 @@ def _check_rungs(prob: Problem, shapes: list[dict], mode: str, rungs, classes_on
                                                              for b in rungs):
         raise InputError(f"rungs must be a non-empty list of batch sizes, got {rungs!r}")
     for shape in shapes:
-        ladder = batch_classes.rung_batches(prob, shape, mode)
+        ladder = batch_classes.rung_batches(prob, shape, mode, precision)
         if missing := sorted(set(rungs) - set(ladder)):
             raise InputError(f"{prob.name} {prob.shape_str(shape)} has no batch class at {missing}: its rungs "
                              f"are {ladder}")

@@ -18,7 +18,7 @@ process, on the GPU the table was tuned on, and says of each how long it took or
 (exit status 1 if any did).
 
 ``--missing-rungs`` lists instead the families whose ladder has grown since their tune (the
-forward rung at 32, ``batch_classes.MEMORY_BOUND_RUNGS``) and the ``--rungs`` tune that races only
+forward rungs at 32, and at 128 and 256 under bf16 and tf32: ``batch_classes.MEMORY_BOUND_RUNGS``) and the ``--rungs`` tune that races only
 the missing ones: such a batch is served meanwhile by its nearest rung, correct but slower.
 """
 
@@ -79,7 +79,7 @@ def missing_rungs(doc: dict) -> list[tuple[str, str, str, list[str], list[int]]]
         if (shape, dkey) not in rungs:
             continue
         prob, tuned = registry.get_problem(problem), parse_shape_key(shape)
-        missing = [b for b in rung_batches(prob, tuned, key.mode)
+        missing = [b for b in rung_batches(prob, tuned, key.mode, key.precision)
                    if dkey not in shapes.get(shape_key({**tuned, prob.batch_dim: b}), {})]
         if missing:
             found.append((problem, shape, dkey, _raced(entry), missing))

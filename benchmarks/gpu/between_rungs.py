@@ -14,7 +14,6 @@ bf16 took 0.0692 ms from rung 32's 32-row tile where a tune at 37 found 0.0437 (
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import pathlib
@@ -27,7 +26,7 @@ from autofuse.core.variant import EagerVariant
 from autofuse.serve.table import DispatchKey, parse_shape_key
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from exact_batch import race_tables, shape_at, write_rows  # noqa: E402
+from exact_batch import family_parser, race_tables, shape_at, write_rows  # noqa: E402
 
 
 def without(table: dict, prob, dkey: str, keep) -> dict:
@@ -42,13 +41,7 @@ def without(table: dict, prob, dkey: str, keep) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("problem")
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--mode", default=None)
-    ap.add_argument("--shape", default=None, help="the family's shape (default: the first default shape)")
-    ap.add_argument("--batches", default="37,48,100", type=lambda s: [int(b) for b in s.split(",")])
+    ap = family_parser(__doc__.splitlines()[0], "37,48,100")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--out", default=None, type=pathlib.Path, help="write the lines as JSON here too")
     args = ap.parse_args(argv)

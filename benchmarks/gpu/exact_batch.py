@@ -42,6 +42,19 @@ def shape_at(prob, batch: int, shape: str | None) -> dict:
     return base
 
 
+def family_parser(description: str, batches: str) -> argparse.ArgumentParser:
+    """The arguments every script here takes: a problem, the key (precision, the model's dtype,
+    mode), the family's shape and the batches (``batches``: the default list)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("problem")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--mode", default=None)
+    ap.add_argument("--shape", default=None, help="the family's shape (default: the first default shape)")
+    ap.add_argument("--batches", default=batches, type=lambda s: [int(b) for b in s.split(",")])
+    return ap
+
+
 def race_tables(setup, tables: dict[str, str], others: dict | None = None) -> tuple[dict[str, float], dict[str, str]]:
     """The setup's call served by each table (name → path) through ``get_module``, timed interleaved
     with ``others`` (name → call): (median ms by name, "variant (source)" by table name)."""
@@ -79,13 +92,7 @@ def tune_exact(prob, shape: dict, args, table: pathlib.Path, home: pathlib.Path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("problem")
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--mode", default=None)
-    ap.add_argument("--shape", default=None, help="the family's shape (default: the first default shape)")
-    ap.add_argument("--batches", default="1,8,37,100,512", type=lambda s: [int(b) for b in s.split(",")])
+    ap = family_parser(__doc__.splitlines()[0], "1,8,37,100,512")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--variants", default=None, help="the tunes' variants (default: all)")
     ap.add_argument("--tune-timeout", type=int, default=240)

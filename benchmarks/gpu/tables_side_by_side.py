@@ -24,7 +24,7 @@ from autofuse.core import registry
 from autofuse.core.variant import EagerVariant
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from exact_batch import race_tables, shape_at, write_rows  # noqa: E402
+from exact_batch import family_parser, race_tables, shape_at, write_rows  # noqa: E402
 
 
 def named_paths(text: str) -> dict[str, str]:
@@ -36,14 +36,8 @@ def named_paths(text: str) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("problem")
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--mode", default=None)
-    ap.add_argument("--shape", default=None, help="the family's shape (default: the first default shape)")
+    ap = family_parser(__doc__.splitlines()[0], "37,80,100,180,200,300")
     ap.add_argument("--tables", required=True, type=named_paths, help="name=path,... served side by side")
-    ap.add_argument("--batches", default="37,80,100,180,200,300", type=lambda s: [int(b) for b in s.split(",")])
     ap.add_argument("--variants", default="compiled,cublas_epilogue",
                     help="called directly at their first configuration beside the tables (names the problem "
                          "lacks are left out)")

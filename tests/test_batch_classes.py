@@ -12,7 +12,7 @@ from helpers import assert_close, module_for, record, use_test_plugins
 import autofuse
 from autofuse.core import plugins, registry
 from autofuse.kernels.triton import variant as triton_variant
-from autofuse.serve import dispatch
+from autofuse.serve import dispatch, graphs
 from autofuse.serve.table import DispatchKey, DispatchTable
 from autofuse.tuning import batch_classes
 from autofuse.tuning.budget import BUDGETS
@@ -750,8 +750,8 @@ def test_a_rung_the_runtime_replays_as_a_graph_races_only_candidates_it_can_capt
         at = {**TUNED, "batch_size": batch}
         return {c.variant for c in batch_classes.rung_candidates(ladder, problem, at, device, "bf16", BUDGETS["full"], mode)}
 
-    assert raced(64) == raced(2, mode="eval") == {"eager", "simplified"}
-    assert raced(65) == raced(64, device="cpu") == raced(8, autograd=True) == set(names)
+    assert raced(graphs.MAX_BATCH) == raced(2, mode="eval") == {"eager", "simplified"}
+    assert raced(graphs.MAX_BATCH + 1) == raced(64, device="cpu") == raced(8, autograd=True) == set(names)
     undeclared = dataclasses.replace(prob, training_updates=None)  # its training calls are never replayed
     assert raced(8, problem=undeclared) == set(names) and raced(8, mode="eval", problem=undeclared) == {"eager", "simplified"}
 

@@ -123,6 +123,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(graphs.GraphedCall, "_record", _fake_record)
     monkeypatch.setattr(graphs, "_stream", lambda device: 0)
     monkeypatch.setattr(graphs, "_plain_only", lambda: False)
+    monkeypatch.setattr(graphs.graph_memory, "graph_bytes", lambda graph, x: x.untyped_storage().nbytes())
 
 
 def test_a_key_is_captured_after_its_warm_calls_and_each_call_owns_its_output(fake_cuda):
@@ -267,7 +268,7 @@ def test_the_dispatcher_binds_a_graph_to_a_qualifying_key_and_nothing_else():
     bound = dispatcher._bound(key, stub, dkey, {"batch_size": 8})
     assert isinstance(bound, graphs.GraphedCall) and bound.call is stub and bound.name == "stub"
     assert dispatcher._bound(key._replace(device=torch.device("cpu")), stub, dkey, None) is stub
-    assert dispatcher._bound(key._replace(shape=torch.Size([65, 12])), stub, dkey, None) is stub
+    assert dispatcher._bound(key._replace(shape=torch.Size([graphs.MAX_BATCH + 1, 12])), stub, dkey, None) is stub
     with torch.no_grad():  # on the CPU every call is the variant itself, as before
         module(torch.randn(8, 12))
     assert not any(isinstance(c, graphs.GraphedCall) for c in dispatcher.ready.values())
@@ -367,7 +368,7 @@ def test_the_tuner_times_a_replayed_key_through_its_graph_and_others_plain(fake_
     replayed = []
     monkeypatch.setattr(graphs, "graphable", lambda call, batch, *rest: replayed.append(batch) or batch <= graphs.MAX_BATCH)
     variant = EagerVariant("fp32")
-    for batch, graphed in ((8, True), (128, False)):
+    for batch, graphed in ((8, True), (graphs.MAX_BATCH + 1, False)):
         job = Job("matmul_gelu_softmax", {"batch_size": batch, "in_features": 24, "out_features": 16}, "cpu",
                   "float32", "fp32", "any", 0)
         state = {}
@@ -382,4 +383,4 @@ def test_the_tuner_times_a_replayed_key_through_its_graph_and_others_plain(fake_
             replays = holder.graph.replays
             call()
             assert holder.graph.replays == replays + 1
-    assert replayed == [8, 128]
+    assert replayed == [8, graphs.MAX_BATCH + 1]

@@ -259,3 +259,30 @@ class Capturable3:
 
     def __call__(self, model, x):
         return x * 3.0
+
+
+@pytest.mark.parametrize("problem,variant,precision,mode,dtype", [CASES[0], CASES[5]])
+def test_at_the_largest_replayed_batch_a_replay_is_right_and_its_memory_counts(problem, variant, precision, mode, dtype,
+                                                                              monkeypatch):
+    """At ``MAX_BATCH - 1`` rows (odd: no tile divides it) the replay is the plain call bit for bit;
+    the ledger holds its pool and input (more than its input alone); a budget below that refuses
+    the next key's graph, which then runs plain and right."""
+    from autofuse.serve import graph_memory
+
+    batch, dt = graphs.MAX_BATCH - 1, getattr(torch, dtype)
+    module, call = _served(problem, variant, precision, mode, dtype, batch=batch)
+    xs = [torch.randn(batch, N_IN, device="cuda", dtype=dt) * (1 + i) for i in range(4)]
+    held = graph_memory.LEDGER.held(torch.device("cuda", torch.cuda.current_device()))
+    with torch.no_grad():
+        outs = [module(x) for x in xs]
+        assert call.graph is not None and call.failed is None
+        assert all(torch.equal(out, call.call(module, x)) for out, x in zip(outs, xs))
+    mine = graph_memory.LEDGER.held(xs[0].device) - held
+    assert mine > xs[0].untyped_storage().nbytes(), mine
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", str(mine / 2 / graph_memory.MIB))
+    other, other_call = _served(problem, variant, precision, mode, dtype, batch=batch - 2)
+    x = torch.randn(batch - 2, N_IN, device="cuda", dtype=dt)
+    with torch.no_grad():
+        for _ in range(graphs.WARM_CALLS + 2):
+            assert torch.equal(other(x), other_call.call(other, x))
+    assert other_call.graph is None and "AUTOFUSE_CUDA_GRAPH_MEMORY" in other_call.failed

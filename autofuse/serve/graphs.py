@@ -48,10 +48,13 @@ bumps their versions as the plain call would (eval mode's cached coefficients ke
 Capturing runs the call three times (the plain call, the warm-up, the check replay) where the
 caller made one: the written buffers are saved before and restored after the warm-up, and the
 replay must leave them bit for bit as the plain call did. BatchNorm with ``momentum=None`` reads
-its batch count on the host, which no capture allows: such a key stays plain. Each
-graph keeps its own memory pool: the input, the output and the call's scratch at a small batch
-(22 at batch 64: its float32 logits are 2 MB). ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off,
-``AUTOFUSE_CUDA_GRAPHS=copy`` re-pointing (each replay copies x in and clones the output).
+its batch count on the host, which no capture allows: such a key stays plain.
+
+*Memory.* Each graph keeps its own memory pool (the call's output and scratch) and its input,
+one graph per batch size a caller sends: ``autofuse.serve.graph_memory`` holds them all to
+``AUTOFUSE_CUDA_GRAPH_MEMORY`` MiB a device, dropping the least recently replayed first.
+``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off, ``AUTOFUSE_CUDA_GRAPHS=copy`` re-pointing (each
+replay copies x in and clones the output).
 """
 
 from __future__ import annotations
@@ -65,11 +68,13 @@ from typing import NamedTuple
 
 import torch
 
-from autofuse.serve import repoint
+from autofuse.serve import graph_memory, repoint
 
 log = logging.getLogger("autofuse")
 
-MAX_BATCH = 64  # issue 34's small batches: there the host, not the GPU, sets a call's time
+# Up to here the host, not the GPU, sets a call's time (issue 34; H200, 22 under bf16 at 100-256
+# rows: a plain call of the triton entry 223-229 µs, its replay 108-121, its kernels about 50).
+MAX_BATCH = 256
 WARM_CALLS = 2  # plain calls in a row with the same model state before a key is captured
 _PLAIN_ATTRS = (bool, int, float, str, type(None))
 
@@ -104,8 +109,10 @@ class GraphedCall:
     """The callable bound to one qualifying no-grad call key: ``call`` (the variant) run plain until
     the model's state has held for ``WARM_CALLS`` calls, then captured and replayed (module docstring)."""
 
-    def __init__(self, dispatcher, call, where: str, writes: tuple[str, ...] = ()):
+    def __init__(self, dispatcher, call, where: str, writes: tuple[str, ...] = (), accounted: bool = True):
         self._dispatcher = weakref.ref(dispatcher)  # the dispatcher holds this call: no cycle
+        self.accounted = accounted  # its graphs count against ``graph_memory.budget()``
+        self._drops = 0  # times its graph was dropped for the memory budget
         self.call, self.where = call, where
         self.writes = writes  # the buffers the call writes, by state_dict name (training mode)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -124,7 +131,8 @@ class GraphedCall:
         """A GraphedCall of ``call`` on ``model`` outside any dispatcher: what the tuner times at
         a batch the runtime replays (``autofuse.tuning.timed_call.replayed_call``)."""
         owner = _Standalone(model)
-        graphed = cls(owner, call, f"{getattr(call, 'name', type(call).__name__)} timed", writes)
+        # Not accounted: a graph dropped for the budget in the middle of a timing would time the plain call.
+        graphed = cls(owner, call, f"{getattr(call, 'name', type(call).__name__)} timed", writes, accounted=False)
         graphed._owner = owner  # the weak reference's target lives as long as the call
         return graphed
 
@@ -146,6 +154,8 @@ class GraphedCall:
                     return self.call(model, x)
                 if self._written:
                     torch.autograd.graph.increment_version(self._written)  # as the plain call's writes do
+                if self.accounted:
+                    graph_memory.LEDGER.touch(self)
                 return out
             return self._warm(model, x, state)
         finally:
@@ -170,10 +180,10 @@ class GraphedCall:
     def _warm(self, model, x, state):
         """A plain call, counted towards a capture while the model's state holds (capturing at the last)."""
         if state != self._seen:  # drop a graph of another state: its memory goes too
-            self.graph = self._x = self._out = self._repoint = None
+            self._let_go()
             self._seen, self._steady = state, 0
         self._steady += 1
-        if self._steady < WARM_CALLS:
+        if self._steady < graph_memory.warm_calls(self._drops, WARM_CALLS):
             return self.call(model, x)
         written = [t for d, name in self._watched.written if (t := d[name]) is not None]  # as __call__'s state saw
         before = [t.clone() for t in written]
@@ -211,7 +221,38 @@ class GraphedCall:
             torch.autograd.graph.increment_version(written)
         self.graph, self._x, self._out, self._state, self._written = graph, static_x, static_out, state, written
         self._stream = _stream(x.device)
+        if self.accounted:
+            return self._account(graph, static_x, x.device), out
         return None, out
+
+    def _account(self, graph, static_x, device) -> str | None:
+        """Enter the new graph in the ledger and drop the graphs it puts over the budget; why not
+        where it alone is larger than the budget (the key then runs plain for good)."""
+        nbytes = graph_memory.graph_bytes(graph, static_x)
+        over = graph_memory.LEDGER.add(self, device, nbytes)
+        if self in over:
+            return (f"its graph would hold {nbytes / graph_memory.MIB:.0f} MiB, more than all graphs may "
+                    f"({graph_memory.budget() / graph_memory.MIB:.0f} MiB, AUTOFUSE_CUDA_GRAPH_MEMORY)")
+        for other in over:
+            other.drop()
+        return None
+
+    def drop(self) -> bool:
+        """Let the graph go for the memory budget (the key runs plain, and is captured again after
+        more warm calls); False, keeping it, if a call is using it right now."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.graph is not None:
+                self._let_go()
+                self._steady, self._drops = 0, self._drops + 1
+            return True
+        finally:
+            self._lock.release()
+
+    def _let_go(self) -> None:
+        self.graph = self._x = self._out = self._repoint = None
+        graph_memory.LEDGER.forget(self)
 
     def _record(self, model, static_x, written, before) -> tuple[torch.cuda.CUDAGraph, object]:
         """The call warmed up on a side stream, as torch.cuda.graphs asks (lazy inits stay out of
@@ -227,7 +268,7 @@ class GraphedCall:
 
     def _give_up(self, why: str) -> None:
         self.failed = why
-        self.graph = self._x = self._out = self._repoint = None
+        self._let_go()
         dispatcher = self._dispatcher()
         if dispatcher is not None:
             dispatcher._say(f"{self.where}: not replayed as a CUDA graph, {why}; its calls run as they are")

@@ -1,0 +1,143 @@
+"""The memory CUDA graphs may hold (``autofuse.serve.graph_memory``): past the budget the least
+recently replayed graphs go, a dropped key is captured again only after more warm calls, a graph
+larger than the budget is never kept, and the tuner's timed graphs are never dropped. On the CPU,
+with test_graphs' stand-in for the graph and each graph's size set by the test."""
+
+import gc
+
+import pytest
+import torch
+from test_graphs import Capturable, _fake_record, _state_probe
+
+from autofuse.errors import InputError
+from autofuse.serve import graph_memory, graphs
+
+MIB = graph_memory.MIB
+
+
+@pytest.fixture
+def sized(monkeypatch):
+    """Fake capture (test_graphs), a fresh ledger, and graphs of ``sizes[id(call)]`` MiB (1 unless set)."""
+    monkeypatch.setattr(graphs.GraphedCall, "_record", _fake_record)
+    monkeypatch.setattr(graphs, "_stream", lambda device: 0)
+    monkeypatch.setattr(graphs, "_plain_only", lambda: False)
+    monkeypatch.setattr(graph_memory, "LEDGER", graph_memory.Ledger())
+    sizes = {}
+    monkeypatch.setattr(graphs.GraphedCall, "_account", _sized_account(sizes))
+    return sizes
+
+
+def _sized_account(sizes):
+    real = graphs.GraphedCall._account
+
+    def account(self, graph, static_x, device):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(graph_memory, "graph_bytes", lambda graph, x: sizes.get(id(self), 1) * MIB)
+            return real(self, graph, static_x, device)
+    return account
+
+
+def _keys(n):
+    """``n`` GraphedCalls of one module, as the dispatcher binds one per batch size."""
+    module, first = _state_probe("matmul_gelu_softmax")
+    return module, [first] + [graphs.GraphedCall(module._autofuse, Capturable(), f"probe {i}") for i in range(1, n)]
+
+
+def _until_captured(call, module, rows=3):
+    for _ in range(64):
+        x = torch.randn(rows, 5)
+        assert torch.equal(call(module, x), x * 2.0)
+        if call.graph is not None:
+            return
+    raise AssertionError("never captured")
+
+
+def test_past_the_budget_the_least_recently_replayed_graph_goes_first(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
+    module, (a, b, c) = _keys(3)
+    sized.update({id(a): 3, id(b): 3, id(c): 3})
+    _until_captured(a, module)
+    _until_captured(b, module)
+    assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
+    a(module, torch.randn(3, 5))  # a replayed last: b is now the least recent
+    _until_captured(c, module)
+    assert a.graph is not None and c.graph is not None and b.graph is None and b.failed is None
+    assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
+    # b runs plain, right, and is captured again only after 4x the warm calls
+    calls = 0
+    while b.graph is None:
+        x = torch.randn(3, 5)
+        assert torch.equal(b(module, x), x * 2.0)
+        calls += 1
+    assert calls == graph_memory.warm_calls(1, graphs.WARM_CALLS) == 4 * graphs.WARM_CALLS
+    assert (a.graph is None) != (c.graph is None)  # a or c made room, whichever was replayed least recently
+    assert a.graph is None  # c was captured after a's last replay
+
+
+def test_a_graph_larger_than_the_whole_budget_is_never_kept_and_says_why(sized, monkeypatch, caplog):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "2")
+    module, (small, large) = _keys(2)
+    sized[id(large)] = 5
+    _until_captured(small, module)
+    for _ in range(6):
+        x = torch.randn(3, 5)
+        assert torch.equal(large(module, x), x * 2.0)
+    assert large.graph is None and "AUTOFUSE_CUDA_GRAPH_MEMORY" in large.failed and "5 MiB" in large.failed
+    assert small.graph is not None  # nothing was dropped for a graph that was not kept
+    assert "not replayed as a CUDA graph" in caplog.text
+
+
+def test_a_graph_in_use_is_not_dropped(sized):
+    module, (a,) = _keys(1)
+    _until_captured(a, module)
+    with a._lock:  # a call is replaying it on another thread
+        assert a.drop() is False
+    assert a.graph is not None and a.drop() is True and a.graph is None and a._drops == 1
+
+
+def test_a_changed_model_state_or_a_collected_key_leaves_the_ledger(sized):
+    module, (a, b) = _keys(2)
+    _until_captured(a, module)
+    _until_captured(b, module)
+    cpu = torch.device("cpu")
+    assert graph_memory.LEDGER.held(cpu) == 2 * MIB
+    with torch.no_grad():
+        module.linear.bias.add_(1.0)
+    a(module, torch.randn(3, 5))  # runs plain, its graph of the old state let go
+    assert a.graph is None and graph_memory.LEDGER.held(cpu) == MIB
+    del b
+    gc.collect()
+    assert graph_memory.LEDGER.held(cpu) == 0
+
+
+def test_graphs_of_other_devices_do_not_count(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "4")
+    ledger, holders = graph_memory.LEDGER, [Capturable() for _ in range(3)]
+    assert ledger.add(holders[0], torch.device("cuda", 0), 3 * MIB) == []
+    assert ledger.add(holders[1], torch.device("cuda", 1), 3 * MIB) == []
+    assert ledger.add(holders[2], torch.device("cuda", 0), 2 * MIB) == [holders[0]]
+
+
+def test_the_tuners_timed_graphs_are_not_accounted(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "0")  # any accounted graph would be over
+    module, _ = _state_probe("matmul_gelu_softmax")
+    timed = graphs.GraphedCall.standalone(Capturable(), module)
+    _until_captured(timed, module)
+    assert timed.failed is None and graph_memory.LEDGER.held(torch.device("cpu")) == 0
+
+
+@pytest.mark.parametrize("said, mib", [("", graph_memory.DEFAULT_MIB), ("512", 512), (" 0.5 ", 0.5), ("0", 0)])
+def test_the_budget_is_read_in_mib(monkeypatch, said, mib):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", said)
+    assert graph_memory.budget() == int(mib * MIB)
+
+
+@pytest.mark.parametrize("said", ["-1", "lots", "nan", "2GiB"])
+def test_a_budget_that_is_not_mib_is_an_error_that_says_what_it_takes(monkeypatch, said):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", said)
+    with pytest.raises(InputError, match="MiB"):
+        graph_memory.budget()
+
+
+def test_each_drop_quadruples_the_warm_calls():
+    assert [graph_memory.warm_calls(d, 2) for d in range(4)] == [2, 8, 32, 128]

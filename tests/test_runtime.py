@@ -87,6 +87,23 @@ def test_nearest_batch_entry_serves_another_batch():
     assert info["source"].startswith("nearest batch") and info["variant"] == "simplified", info
 
 
+def test_the_keys_one_entry_serves_share_one_built_variant_and_its_weight_copies():
+    """A caller whose batch varies: every batch the entry serves takes the same instance (each
+    instance caches its own weight copies; one per batch size held 32 GiB on an H200)."""
+    record("matmul_gelu_softmax", B, IN, OUT, variant="simplified")
+    record("matmul_gelu_softmax", 4 * B, IN, OUT, variant="eager")
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad():
+        for batch in (1, 3, B, B + 1, 4 * B):
+            module(torch.randn(batch, IN))
+    dispatcher = module._autofuse
+    served = {key.shape[0]: call for key, call in dispatcher.ready.items()}
+    assert served[1] is served[3] is served[B] is served[B + 1] and served[4 * B] is not served[B]
+    assert [type(v).kind for v in dispatcher.built.values()].count("simplified") == 1
+    module.to(torch.float64)  # moved: its variants are built again for the new tensors
+    assert dispatcher.built == {}
+
+
 def test_grad_need_is_part_of_the_key():
     record("matmul_clamp_lse_mish", B, IN, OUT, autograd=False)
     module, x = module_for("matmul_clamp_lse_mish"), torch.randn(B, IN)

@@ -194,6 +194,11 @@ class Dispatcher:
         self.info: dict[CallKey, dict] = {}
         self.resolved: dict[CallKey, tuple] = {}  # call key -> (shape, dispatch key, device), for reload
         self.tunes: dict[CallKey, object] = {}  # call key -> its background tune
+        # One built variant per (class, precision, configuration, device), shared by the keys it
+        # serves: each instance caches its own copies of the weight (bfloat16, the float16
+        # parts), so an instance per key held one 8192² copy per batch size a caller sent
+        # (H200, 22 under bf16, batches 1-256: 32 GiB).
+        self.built: dict[tuple, object] = {}
         self.epoch = 0  # bumped by forget(): a background swap resolved before it is dropped
         self._params: tuple = ()
         self._params_seen = -1
@@ -242,6 +247,7 @@ class Dispatcher:
             self.epoch += 1
             self.ready.clear()
             self.resolved.clear()
+            self.built.clear()  # their cached weight copies are of the old tensors
             self._params_seen = self._slots_seen = -1
 
     # -- resolving a key -----------------------------------------------------------
@@ -325,8 +331,12 @@ class Dispatcher:
         entry = candidate.entry
         try:
             variant_cls, params = configuration(self.problem, candidate, shape, dkey, device.type)
-            variant = variant_cls(candidate.runs_at, **params)
-            variant.build(str(device))
+            built = (variant_cls, candidate.runs_at, repr(sorted(params.items())), str(device))
+            variant = self.built.get(built)
+            if variant is None:
+                variant = variant_cls(candidate.runs_at, **params)
+                variant.build(str(device))
+                self.built[built] = variant
             return variant, None
         except Exception as exc:  # noqa: BLE001 - automatic selection falls back and says why
             self._say(f"the tuned variant {entry.get('variant')!r} ({candidate.source}) for {where} "

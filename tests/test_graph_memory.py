@@ -52,26 +52,53 @@ def _until_captured(call, module, rows=3):
     raise AssertionError("never captured")
 
 
-def test_past_the_budget_the_least_recently_replayed_graph_goes_first(sized, monkeypatch):
+def _calls(call, module, n, rows=3):
+    for _ in range(n):
+        x = torch.randn(rows, 5)
+        assert torch.equal(call(module, x), x * 2.0)
+
+
+def test_a_full_ledger_keeps_its_graphs_and_a_new_key_runs_plain(sized, monkeypatch):
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
     module, (a, b, c) = _keys(3)
     sized.update({id(a): 3, id(b): 3, id(c): 3})
     _until_captured(a, module)
     _until_captured(b, module)
-    assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
-    a(module, torch.randn(3, 5))  # a replayed last: b is now the least recent
+    for _ in range(20):  # the three take turns: a capture of c would only drop a or b
+        _calls(c, module, 1)
+        _calls(a, module, 1)
+        _calls(b, module, 1)
+    assert a.graph is not None and b.graph is not None and c.graph is None and c.failed is None
+    assert a._drops == b._drops == 0 and graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
+
+
+def test_a_stale_graph_makes_room(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
+    module, (a, b, c) = _keys(3)
+    sized.update({id(a): 3, id(b): 3, id(c): 3})
+    _until_captured(a, module)
+    _until_captured(b, module)
+    _calls(c, module, 4)
+    assert c.graph is None
+    _calls(a, module, graph_memory.STALE_REPLAYS * 2 + 1)  # b not called meanwhile: stale
     _until_captured(c, module)
-    assert a.graph is not None and c.graph is not None and b.graph is None and b.failed is None
+    assert a.graph is not None and b.graph is None and b._drops == 1
     assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
-    # b runs plain, right, and is captured again only after 4x the warm calls
-    calls = 0
-    while b.graph is None:
-        x = torch.randn(3, 5)
-        assert torch.equal(b(module, x), x * 2.0)
-        calls += 1
-    assert calls == graph_memory.warm_calls(1, graphs.WARM_CALLS) == 4 * graphs.WARM_CALLS
-    assert (a.graph is None) != (c.graph is None)  # a or c made room, whichever was replayed least recently
-    assert a.graph is None  # c was captured after a's last replay
+
+
+def test_a_graph_larger_than_its_room_drops_the_least_recently_replayed(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
+    module, (a, b, c) = _keys(3)
+    sized.update({id(a): 2, id(b): 2, id(c): 4})
+    _until_captured(a, module)
+    _until_captured(b, module)
+    _calls(a, module, 1)  # b is now the least recently replayed
+    _until_captured(c, module)  # taken to need 2 MiB (the largest held), it holds 4
+    assert a.graph is not None and c.graph is not None and b.graph is None and b._drops == 1
+    calls = b.call.calls
+    _calls(b, module, 40)  # its 2 MiB do not fit beside 6: plain, and never captured only to drop another
+    assert b.graph is None and b.call.calls == calls + 40 and a._drops == c._drops == 0
+    assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
 
 
 def test_a_graph_larger_than_the_whole_budget_is_never_kept_and_says_why(sized, monkeypatch, caplog):
@@ -126,7 +153,8 @@ def test_the_tuners_timed_graphs_are_not_accounted(sized, monkeypatch):
     assert timed.failed is None and graph_memory.LEDGER.held(torch.device("cpu")) == 0
 
 
-@pytest.mark.parametrize("said, mib", [("", graph_memory.DEFAULT_MIB), ("512", 512), (" 0.5 ", 0.5), ("0", 0)])
+@pytest.mark.parametrize("said, mib", [("", graph_memory.DEFAULT_MIB), ("512", 512), (" 0.5 ", 0.5), ("0", 0),
+                                       ("inf", 2**42)])
 def test_the_budget_is_read_in_mib(monkeypatch, said, mib):
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", said)
     assert graph_memory.budget() == int(mib * MIB)
@@ -141,3 +169,21 @@ def test_a_budget_that_is_not_mib_is_an_error_that_says_what_it_takes(monkeypatc
 
 def test_each_drop_quadruples_the_warm_calls():
     assert [graph_memory.warm_calls(d, 2) for d in range(4)] == [2, 8, 32, 128]
+
+
+def test_a_refused_key_runs_plain_unwatched_and_asks_again_ever_more_rarely(sized, monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "1")
+    module, (a, b) = _keys(2)
+    _until_captured(a, module)
+    asks, room = [], graph_memory.Ledger.room
+    monkeypatch.setattr(graph_memory.Ledger, "room", lambda *args: asks.append(1) or room(*args))
+    read, model_state = [], graphs.GraphedCall._model_state
+    monkeypatch.setattr(graphs.GraphedCall, "_model_state", lambda self, m: read.append(1) or model_state(self, m))
+    _calls(b, module, graphs.WARM_CALLS)
+    assert len(asks) == 1 and b._idle == graph_memory.idle_calls(0) == 16
+    read.clear()
+    _calls(b, module, 16)  # idle: the variant alone, no state read
+    assert read == [] and len(asks) == 1
+    _calls(b, module, graphs.WARM_CALLS)
+    assert len(asks) == 2 and b._idle == graph_memory.idle_calls(1) == 64 and b.graph is None
+    assert [graph_memory.idle_calls(r) for r in range(5)] == [16, 64, 256, 1024, 1024]

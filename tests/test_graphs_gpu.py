@@ -265,10 +265,14 @@ class Capturable3:
 def test_at_the_largest_replayed_batch_a_replay_is_right_and_its_memory_counts(problem, variant, precision, mode, dtype,
                                                                               monkeypatch):
     """At ``MAX_BATCH - 1`` rows (odd: no tile divides it) the replay is the plain call bit for bit;
-    the ledger holds its pool and input (more than its input alone); a budget below that refuses
-    the next key's graph, which then runs plain and right."""
+    the ledger holds its pool and input (more than its input alone); with that graph held, a
+    budget below it leaves the next key plain without capturing it, and with the ledger empty,
+    the next key's graph is captured, found larger than the budget and not kept: plain and right."""
+    import gc
+
     from autofuse.serve import graph_memory
 
+    monkeypatch.setattr(graph_memory, "LEDGER", graph_memory.Ledger())
     batch, dt = graphs.MAX_BATCH - 1, getattr(torch, dtype)
     module, call = _served(problem, variant, precision, mode, dtype, batch=batch)
     xs = [torch.randn(batch, N_IN, device="cuda", dtype=dt) * (1 + i) for i in range(4)]
@@ -280,9 +284,15 @@ def test_at_the_largest_replayed_batch_a_replay_is_right_and_its_memory_counts(p
     mine = graph_memory.LEDGER.held(xs[0].device) - held
     assert mine > xs[0].untyped_storage().nbytes(), mine
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", str(mine / 2 / graph_memory.MIB))
-    other, other_call = _served(problem, variant, precision, mode, dtype, batch=batch - 2)
     x = torch.randn(batch - 2, N_IN, device="cuda", dtype=dt)
-    with torch.no_grad():
-        for _ in range(graphs.WARM_CALLS + 2):
-            assert torch.equal(other(x), other_call.call(other, x))
-    assert other_call.graph is None and "AUTOFUSE_CUDA_GRAPH_MEMORY" in other_call.failed
+    for held in (True, False):
+        if not held:
+            del module, call, outs
+            gc.collect()
+            assert graph_memory.LEDGER.held(x.device) == 0
+        other, other_call = _served(problem, variant, precision, mode, dtype, batch=batch - 2)
+        with torch.no_grad():
+            for _ in range(graphs.WARM_CALLS + 2):
+                assert torch.equal(other(x), other_call.call(other, x))
+        assert other_call.graph is None
+        assert (other_call.failed is None) if held else ("AUTOFUSE_CUDA_GRAPH_MEMORY" in other_call.failed)

@@ -113,6 +113,9 @@ class GraphedCall:
         self._dispatcher = weakref.ref(dispatcher)  # the dispatcher holds this call: no cycle
         self.accounted = accounted  # its graphs count against ``graph_memory.budget()``
         self._drops = 0  # times its graph was dropped for the memory budget
+        self._bytes = 0  # what its last graph held (``graph_memory.graph_bytes``)
+        self._idle = 0  # plain calls left before it asks the ledger for room again
+        self._refusals = 0  # times in a row the ledger had no room for it
         self.call, self.where = call, where
         self.writes = writes  # the buffers the call writes, by state_dict name (training mode)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -142,6 +145,9 @@ class GraphedCall:
         return getattr(self.call, name)  # name, params, precision...: the variant's
 
     def __call__(self, model, x):
+        if self._idle:  # the ledger had no room for its graph: plain, unwatched, until it asks again
+            self._idle -= 1  # unlocked: a count lost to a race only moves the next ask by a call
+            return self.call(model, x)
         if self.failed is not None or _plain_only() or not self._lock.acquire(blocking=False):
             return self.call(model, x)
         try:
@@ -185,6 +191,11 @@ class GraphedCall:
         self._steady += 1
         if self._steady < graph_memory.warm_calls(self._drops, WARM_CALLS):
             return self.call(model, x)
+        if self.accounted and not self._room(x.device):
+            self._idle, self._refusals = graph_memory.idle_calls(self._refusals), self._refusals + 1
+            self._steady = 0
+            return self.call(model, x)
+        self._refusals = 0
         written = [t for d, name in self._watched.written if (t := d[name]) is not None]  # as __call__'s state saw
         before = [t.clone() for t in written]
         expected = self.call(model, x)  # the caller's call, which the replay must equal
@@ -225,10 +236,18 @@ class GraphedCall:
             return self._account(graph, static_x, x.device), out
         return None, out
 
+    def _room(self, device) -> bool:
+        """Whether the ledger has room for this key's graph (``graph_memory.Ledger.room``),
+        dropping stale graphs where that makes it."""
+        fits, stale = graph_memory.LEDGER.room(self, device, self._bytes or graph_memory.LEDGER.largest(device))
+        for other in stale:
+            other.drop()
+        return fits
+
     def _account(self, graph, static_x, device) -> str | None:
         """Enter the new graph in the ledger and drop the graphs it puts over the budget; why not
         where it alone is larger than the budget (the key then runs plain for good)."""
-        nbytes = graph_memory.graph_bytes(graph, static_x)
+        nbytes = self._bytes = graph_memory.graph_bytes(graph, static_x)
         over = graph_memory.LEDGER.add(self, device, nbytes)
         if self in over:
             return (f"its graph would hold {nbytes / graph_memory.MIB:.0f} MiB, more than all graphs may "

@@ -58,12 +58,18 @@ def _calls(call, module, n, rows=3):
         assert torch.equal(call(module, x), x * 2.0)
 
 
-def test_a_full_ledger_keeps_its_graphs_and_a_new_key_runs_plain(sized, monkeypatch):
+def _two_held(sized, monkeypatch, mib):
+    """Three keys of ``mib`` MiB graphs each under a 7 MiB budget, the first two captured."""
     monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
     module, (a, b, c) = _keys(3)
-    sized.update({id(a): 3, id(b): 3, id(c): 3})
+    sized.update({id(a): mib[0], id(b): mib[1], id(c): mib[2]})
     _until_captured(a, module)
     _until_captured(b, module)
+    return module, a, b, c
+
+
+def test_a_full_ledger_keeps_its_graphs_and_a_new_key_runs_plain(sized, monkeypatch):
+    module, a, b, c = _two_held(sized, monkeypatch, (3, 3, 3))
     for _ in range(20):  # the three take turns: a capture of c would only drop a or b
         _calls(c, module, 1)
         _calls(a, module, 1)
@@ -73,11 +79,7 @@ def test_a_full_ledger_keeps_its_graphs_and_a_new_key_runs_plain(sized, monkeypa
 
 
 def test_a_stale_graph_makes_room(sized, monkeypatch):
-    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
-    module, (a, b, c) = _keys(3)
-    sized.update({id(a): 3, id(b): 3, id(c): 3})
-    _until_captured(a, module)
-    _until_captured(b, module)
+    module, a, b, c = _two_held(sized, monkeypatch, (3, 3, 3))
     _calls(c, module, 4)
     assert c.graph is None
     _calls(a, module, graph_memory.STALE_REPLAYS * 2 + 1)  # b not called meanwhile: stale
@@ -87,11 +89,7 @@ def test_a_stale_graph_makes_room(sized, monkeypatch):
 
 
 def test_a_graph_larger_than_its_room_drops_the_least_recently_replayed(sized, monkeypatch):
-    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "7")
-    module, (a, b, c) = _keys(3)
-    sized.update({id(a): 2, id(b): 2, id(c): 4})
-    _until_captured(a, module)
-    _until_captured(b, module)
+    module, a, b, c = _two_held(sized, monkeypatch, (2, 2, 4))
     _calls(a, module, 1)  # b is now the least recently replayed
     _until_captured(c, module)  # taken to need 2 MiB (the largest held), it holds 4
     assert a.graph is not None and c.graph is not None and b.graph is None and b._drops == 1

@@ -52,7 +52,8 @@ its batch count on the host, which no capture allows: such a key stays plain.
 
 *Memory.* Each graph keeps its own memory pool (the call's output and scratch) and its input,
 one graph per batch size a caller sends: ``autofuse.serve.graph_memory`` holds them all to
-``AUTOFUSE_CUDA_GRAPH_MEMORY`` MiB a device, dropping the least recently replayed first.
+``AUTOFUSE_CUDA_GRAPH_MEMORY`` MiB a device. Past it a key is not captured (``_room``): it runs
+plain, and asks again after ``graph_memory.idle_calls`` calls that read nothing but the count.
 ``AUTOFUSE_CUDA_GRAPHS=0`` turns graphs off, ``AUTOFUSE_CUDA_GRAPHS=copy`` re-pointing (each
 replay copies x in and clones the output).
 """

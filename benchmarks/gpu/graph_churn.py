@@ -8,8 +8,9 @@ One module from ``get_module`` per budget (``AUTOFUSE_CUDA_GRAPH_MEMORY`` MiB; "
 ``--max-batch`` (every batch size a distinct key: one graph each), each call synchronized and
 timed on the host. Per budget it prints the median and p90 wall µs of the calls after the first
 tenth (and the median of those replayed and of those run plain), the graphs held and dropped
-(``GraphedCall._drops``), the most the ledger held, and ``torch.cuda.memory_reserved`` before and after (a dropped graph's pool stays reserved by
-PyTorch's caching allocator until ``torch.cuda.empty_cache()`` or an allocation that would fail).
+(``GraphedCall._drops``), the most the ledger held, and ``torch.cuda.memory_reserved`` before
+and after (a dropped graph's pool stays reserved by PyTorch's caching allocator until
+``torch.cuda.empty_cache()`` or an allocation that would fail).
 Every 50th call is checked against the plain call bit for bit. Run each budget in a fresh process
 (``--budgets`` one at a time) to read its reserved memory alone.
 """

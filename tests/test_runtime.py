@@ -104,6 +104,16 @@ def test_the_keys_one_entry_serves_share_one_built_variant_and_its_weight_copies
     assert dispatcher.built == {}
 
 
+def test_compiled_gets_an_instance_per_key_its_recompile_limit_being_per_instance(with_compiled):
+    record("matmul_gelu_softmax", B, IN, OUT, variant="compiled", params={"mode": "default", "dynamic": False})
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad():
+        for batch in (3, B, B + 1):
+            assert module.dispatch_info(torch.randn(batch, IN))["variant"] == "compiled"  # resolved, not run
+    served = list(module._autofuse.ready.values())
+    assert len(served) == 3 and len({id(call) for call in served}) == 3
+
+
 def test_grad_need_is_part_of_the_key():
     record("matmul_clamp_lse_mish", B, IN, OUT, autograd=False)
     module, x = module_for("matmul_clamp_lse_mish"), torch.randn(B, IN)

@@ -60,6 +60,10 @@ class CompiledVariant(Variant):
     description = "torch.compile of the reference forward (mode and dynamic searched)"
     supports_autograd = True
     reference_problem: Problem | None = None
+    # The dispatcher builds one instance per call key, not one per configuration: an instance
+    # compiles each input shape it sees into its own code object's cache, and past dynamo's
+    # recompile limit (8) it runs eager, so one instance serving every batch size would.
+    instance_per_key = True
 
     @classmethod
     def configs(cls, shape, device):

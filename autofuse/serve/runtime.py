@@ -332,6 +332,8 @@ class Dispatcher:
         try:
             variant_cls, params = configuration(self.problem, candidate, shape, dkey, device.type)
             built = (variant_cls, candidate.runs_at, repr(sorted(params.items())), str(device))
+            if getattr(variant_cls, "instance_per_key", False):  # ``compiled``: its recompile limit is per instance
+                built += (shape_key(shape), dkey.to_str())
             variant = self.built.get(built)
             if variant is None:
                 variant = variant_cls(candidate.runs_at, **params)

@@ -165,6 +165,14 @@ def test_a_budget_that_is_not_mib_is_an_error_that_says_what_it_takes(monkeypatc
         graph_memory.budget()
 
 
+def test_a_malformed_budget_fails_when_the_module_is_made(monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPH_MEMORY", "2GiB")
+    with pytest.raises(InputError, match="AUTOFUSE_CUDA_GRAPH_MEMORY"):
+        _state_probe("gemm_bn")
+    monkeypatch.setenv("AUTOFUSE_CUDA_GRAPHS", "0")  # graphs off: the budget is not read
+    _state_probe("gemm_bn")
+
+
 def test_each_drop_quadruples_the_warm_calls():
     assert [graph_memory.warm_calls(d, 2) for d in range(4)] == [2, 8, 32, 128]
 

@@ -34,7 +34,7 @@ from autofuse.core import registry
 from autofuse.core.precision import check_dtype, check_precision
 from autofuse.core.variant import EagerVariant
 from autofuse.errors import TableError
-from autofuse.serve import graphs
+from autofuse.serve import graph_memory, graphs
 from autofuse.serve import tune_on_miss as background
 from autofuse.serve.dispatch import CallKey, Found, candidates, configuration, passed_over_before, rows_per_tile
 from autofuse.serve.grad_mode import SWITCH_AFTER, GradModeCall
@@ -89,6 +89,8 @@ def dispatching_class(problem, *, model: type | None = None, table=None, precisi
 
 
 def _attach(module: nn.Module, prob, precision: str, table, args: tuple, kwargs: dict, budget=None) -> None:
+    if graphs.enabled():
+        graph_memory.budget()  # a malformed AUTOFUSE_CUDA_GRAPH_MEMORY fails here, not at a later call's capture
     table = table if isinstance(table, DispatchTable) else DispatchTable(table)
     module._autofuse = Dispatcher(prob, precision, table, (tuple(args), dict(kwargs)), budget)
 

@@ -190,7 +190,11 @@ def test_forward_and_backward_reports_round_trip_through_save_load_and_markdown(
     assert {r.candidate: r.role for r in training.rows} == {
         "eager": "baseline", "simplified": "variant", "autofuse dispatch": "dispatch", FLOOR: "floor"}
     assert all(r.timing is not None for r in training.rows)
-    assert training.row("simplified").note == "tuned"  # from the autograd entry's own candidates
+    # From the autograd entry's own candidates where it raced simplified: it races the variants whose
+    # forward came within the budget's grad_reach of the fastest, which on a loaded CPU simplified
+    # sometimes missed (then the forward entry's configuration, said so).
+    raced = "simplified" in (tuned.grad_winner.get("candidates") or {})
+    assert training.row("simplified").note == ("tuned" if raced else "tuned for the forward")
     assert training.row("autofuse dispatch").note == f"{tuned.grad_winner['variant']} (tuned)"  # the autograd=true entry
     # Forward: read x, write out. Then read the upstream gradient and x, write W's, b's and subtract's gradients.
     batch, n_in, n_out = SMALL.values()

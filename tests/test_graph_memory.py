@@ -82,10 +82,21 @@ def test_a_stale_graph_makes_room(sized, monkeypatch):
     module, a, b, c = _two_held(sized, monkeypatch, (3, 3, 3))
     _calls(c, module, 4)
     assert c.graph is None
-    _calls(a, module, graph_memory.STALE_REPLAYS * 2 + 1)  # b not called meanwhile: stale
+    _calls(a, module, graph_memory.STALE_CALLS * 2 + 1)  # b not called meanwhile: stale
     _until_captured(c, module)
     assert a.graph is not None and b.graph is None and b._drops == 1
     assert graph_memory.LEDGER.held(torch.device("cpu")) == 6 * MIB
+
+
+def test_graphs_of_sizes_no_longer_sent_go_stale_and_make_room(sized, monkeypatch):
+    """A caller that moved on to other batch sizes replays nothing: staleness counts every call of
+    a graphed key, so the old graphs still go and the new sizes get their graphs."""
+    module, a, b, c = _two_held(sized, monkeypatch, (3, 3, 3))
+    _calls(c, module, 4)
+    assert c.graph is None and c._idle > 0
+    _calls(c, module, graph_memory.STALE_CALLS * 2 + graph_memory.idle_calls(3))  # refused, idle, asking again
+    assert c.graph is not None and a.graph is None and b.graph is None  # every stale graph goes
+    assert graph_memory.LEDGER.held(torch.device("cpu")) == 3 * MIB
 
 
 def test_a_graph_larger_than_its_room_drops_the_least_recently_replayed(sized, monkeypatch):

@@ -8,7 +8,7 @@ per device, against ``budget()`` (``AUTOFUSE_CUDA_GRAPH_MEMORY`` MiB; default ``
 
 - a key is captured only if its graph fits (``Ledger.room``: its size when it was captured
   before, else the largest graph held), after dropping its device's stale graphs (none of whose
-  calls came in the last ``STALE_REPLAYS`` × graphs-held replays) if that makes room; otherwise
+  calls came in the last ``STALE_CALLS`` × graphs-held calls) if that makes room; otherwise
   it runs plain and asks again after ``idle_calls`` calls. So a full ledger keeps the graphs its
   caller replays, and the other sizes run plain, without captures that only drop each other;
 - a capture that still goes past the budget (a graph larger than the one it was taken for)
@@ -34,9 +34,11 @@ from autofuse.errors import InputError
 
 DEFAULT_MIB = 2048
 MIB = 2**20
-# A graph none of whose key's calls came in the last STALE_REPLAYS × (graphs held) replays on its
-# device is stale: a capture that would not fit otherwise drops it.
-STALE_REPLAYS = 64
+# A graph none of whose key's calls came in the last STALE_CALLS × (graphs held) calls of the
+# device's graphed keys (replayed, warming or refused) is stale: a capture that would not fit
+# otherwise drops it. Counted in calls, not replays: a caller that moved on to other batch sizes
+# replays nothing, and its old graphs must still go stale.
+STALE_CALLS = 64
 
 
 def budget() -> int:
@@ -80,7 +82,7 @@ class _Held(NamedTuple):
     ref: weakref.ref  # the holder (a GraphedCall)
     device: object
     nbytes: int
-    last: int  # its device's replay count at its last replay
+    last: int  # its device's call count (``Ledger.tick``) at its last replay
 
 
 class Ledger:
@@ -99,7 +101,7 @@ class Ledger:
         # it likes) forgets itself through its weak reference's callback on the same thread.
         self._lock = threading.RLock()
         self._held: OrderedDict[int, _Held] = OrderedDict()
-        self._replays: dict[object, int] = {}  # per device
+        self._calls: dict[object, int] = {}  # per device: calls of its graphed keys (``tick``)
 
     def held(self, device) -> int:
         with self._lock:
@@ -120,7 +122,7 @@ class Ledger:
             total = sum(h.nbytes for h in mine) + nbytes
             if total <= limit:
                 return True, []
-            horizon = self._replays.get(device, 0) - STALE_REPLAYS * len(mine)
+            horizon = self._calls.get(device, 0) - STALE_CALLS * len(mine)
             stale = [h for h in mine if h.last < horizon]
             if total - sum(h.nbytes for h in stale) > limit:
                 return False, []
@@ -135,7 +137,7 @@ class Ledger:
         key = id(holder)
         with self._lock:
             ref = weakref.ref(holder, lambda _, key=key: self.forget_id(key))
-            self._held[key] = _Held(ref, device, nbytes, self._replays.get(device, 0))
+            self._held[key] = _Held(ref, device, nbytes, self._calls.get(device, 0))
             self._held.move_to_end(key)
             total = sum(h.nbytes for h in self._held.values() if h.device == device)
             over = []
@@ -147,13 +149,17 @@ class Ledger:
                     total -= h.nbytes
             return over
 
+    def tick(self, device) -> None:
+        """One call of a graphed key on ``device``, replayed or not: the clock staleness is read on.
+        Unlocked: an increment lost to a race only makes graphs go stale a call later."""
+        self._calls[device] = self._calls.get(device, 0) + 1
+
     def touch(self, holder) -> None:
         """``holder``'s graph was just replayed: the last to go."""
         with self._lock:
             held = self._held.get(id(holder))
             if held is not None:
-                now = self._replays[held.device] = self._replays.get(held.device, 0) + 1
-                self._held[id(holder)] = held._replace(last=now)
+                self._held[id(holder)] = held._replace(last=self._calls.get(held.device, 0))
                 self._held.move_to_end(id(holder))
 
     def forget(self, holder) -> None:

@@ -146,6 +146,8 @@ class GraphedCall:
         return getattr(self.call, name)  # name, params, precision...: the variant's
 
     def __call__(self, model, x):
+        if self.accounted:
+            graph_memory.LEDGER.tick(x.device)
         if self._idle:  # the ledger had no room for its graph: plain, unwatched, until it asks again
             self._idle -= 1  # unlocked: a count lost to a race only moves the next ask by a call
             return self.call(model, x)

@@ -57,7 +57,7 @@ def budget() -> int:
 
 
 def idle_calls(refusals: int) -> int:
-    """Plain calls a key makes, without looking at the model or the ledger, after the ledger had
+    """Plain calls a key makes, without reading the model or asking the ledger, after the ledger had
     no room for its graph ``refusals`` times in a row: 16, 64, 256, then 1,024 at most. A refused
     key's calls then cost what the variant's do: counting the calls towards a capture (the model's
     state read at each) took a plain call from 190 to 245 µs (H200, 22 under bf16, batches 1-256)."""

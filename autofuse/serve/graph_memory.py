@@ -103,23 +103,22 @@ class Ledger:
         self._held: OrderedDict[int, _Held] = OrderedDict()
         self._calls: dict[object, int] = {}  # per device: calls of its graphed keys (``tick``)
 
+    def _on(self, device, but=None) -> list[_Held]:
+        """The graphs held on ``device``, least recently replayed first, ``but`` the holder's (call under the lock)."""
+        return [h for key, h in self._held.items() if h.device == device and key != id(but)]
+
     def held(self, device) -> int:
         with self._lock:
-            return sum(h.nbytes for h in self._held.values() if h.device == device)
+            return sum(h.nbytes for h in self._on(device))
 
-    def largest(self, device) -> int:
-        """The largest graph held on ``device`` (0 if none): the size a key not captured yet is taken to need."""
-        with self._lock:
-            return max((h.nbytes for h in self._held.values() if h.device == device), default=0)
-
-    def room(self, holder, device, nbytes: int) -> tuple[bool, list]:
-        """Whether a graph of ``nbytes`` for ``holder`` fits on ``device``, and the holders of the
-        stale graphs that must go for it to (the caller drops them; none where it fits anyway,
-        or would not even so)."""
+    def room(self, holder, device, nbytes: int = 0) -> tuple[bool, list]:
+        """Whether a graph of ``nbytes`` for ``holder`` (0: not captured yet, taken to need the
+        largest held) fits on ``device``, and the holders of the stale graphs that must go for it
+        to (the caller drops them; none where it fits anyway, or would not even so)."""
         limit = budget()
         with self._lock:
-            mine = [h for key, h in self._held.items() if h.device == device and key != id(holder)]
-            total = sum(h.nbytes for h in mine) + nbytes
+            mine = self._on(device, holder)
+            total = sum(h.nbytes for h in mine) + (nbytes or max((h.nbytes for h in mine), default=0))
             if total <= limit:
                 return True, []
             horizon = self._calls.get(device, 0) - STALE_CALLS * len(mine)
@@ -139,12 +138,13 @@ class Ledger:
             ref = weakref.ref(holder, lambda _, key=key: self.forget_id(key))
             self._held[key] = _Held(ref, device, nbytes, self._calls.get(device, 0))
             self._held.move_to_end(key)
-            total = sum(h.nbytes for h in self._held.values() if h.device == device)
+            others = self._on(device, holder)
+            total = nbytes + sum(h.nbytes for h in others)
             over = []
-            for other, h in list(self._held.items()):
+            for h in others:
                 if total <= limit:
                     break
-                if other != key and h.device == device and (found := h.ref()) is not None:
+                if (found := h.ref()) is not None:
                     over.append(found)
                     total -= h.nbytes
             return over

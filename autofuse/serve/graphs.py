@@ -242,7 +242,7 @@ class GraphedCall:
     def _room(self, device) -> bool:
         """Whether the ledger has room for this key's graph (``graph_memory.Ledger.room``),
         dropping stale graphs where that makes it."""
-        fits, stale = graph_memory.LEDGER.room(self, device, self._bytes or graph_memory.LEDGER.largest(device))
+        fits, stale = graph_memory.LEDGER.room(self, device, self._bytes)
         for other in stale:
             other.drop()
         return fits

@@ -11,13 +11,15 @@ tenth (and the median of those replayed and of those run plain), the graphs held
 (``GraphedCall._drops``), the most the ledger held, and ``torch.cuda.memory_reserved`` before
 and after (a dropped graph's pool stays reserved by PyTorch's caching allocator until
 ``torch.cuda.empty_cache()`` or an allocation that would fail).
-Every 50th call is checked against the plain call bit for bit. Run each budget in a fresh process
-(``--budgets`` one at a time) to read its reserved memory alone.
+Every 50th call is checked against the plain call bit for bit. Between budgets the module is
+collected and the allocator's cache emptied, so each budget's ledger starts empty; run each in a
+fresh process (``--budgets`` one at a time) to read its reserved memory alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
           f"1-{args.max_batch}", flush=True)
     for budget in args.budgets:
         print(run(prob, args, budget, batches), flush=True)
+        gc.collect()  # the module and its graphs (a cycle): the next budget's ledger starts empty
+        torch.cuda.empty_cache()
     return 0
 
 

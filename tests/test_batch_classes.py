@@ -809,3 +809,25 @@ def test_a_rung_races_each_other_fused_kind_that_was_close_at_b():
     assert kinds() == kinds(outcome="out_of_reach") == ["cublas_epilogue"]  # timed, if not gated, at B
     assert kinds(median_ms=0.41) == kinds(outcome="incorrect") == kinds(params={"block": 64, "items": 0}) == []
     assert batch_classes.other_kinds(entry, spaces, BUDGETS["full"], registry.variants(prob.name))  # no prune
+
+
+def test_a_batch_class_serving_its_family_says_so_at_info_not_as_a_warning(caplog):
+    """Each new batch size a family's rungs serve is by design (gated there): an INFO line, not a
+    warning per size."""
+    record("matmul_gelu_softmax", 64, IN, OUT)
+    record("matmul_gelu_softmax", 8, IN, OUT, rung_of=f"batch_size=64,in_features={IN},out_features={OUT}")
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="autofuse"):
+        for batch in (3, 5, 9):
+            assert "batch class of" in module.dispatch_info(torch.randn(batch, IN))["source"]
+    served = [r for r in caplog.records if "no tuned entry" in r.getMessage()]
+    assert len(served) == 3 and {r.levelno for r in served} == {logging.INFO}, caplog.text
+
+
+def test_the_nearest_entry_of_a_table_without_batch_classes_still_warns(caplog):
+    record("matmul_gelu_softmax", 64, IN, OUT)
+    module = module_for("matmul_gelu_softmax")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="autofuse"):
+        module.dispatch_info(torch.randn(3, IN))
+    served = [r for r in caplog.records if "no tuned entry" in r.getMessage()]
+    assert len(served) == 1 and served[0].levelno == logging.WARNING, caplog.text

@@ -301,8 +301,12 @@ class Dispatcher:
                 for reason in passed_over_before(passed_over, served):
                     self._say(f"{where}: passing over {reason}")
                 if candidate.source != "tuned":
+                    # A batch class at the key's own precision is how a family serves its other batches
+                    # (gated there): said at INFO, where one line per new batch size is not a warning.
+                    by_design = candidate.entry.get("rung_of") and candidate.precision == candidate.requested
                     self._say(f"no tuned entry for {where}; using the entry {candidate.source}: "
-                              f"{variant.name}, run at {candidate.runs_at}")
+                              f"{variant.name}, run at {candidate.runs_at}",
+                              logging.INFO if by_design else logging.WARNING)
                 if tuned_on is not None:
                     self._say(f"no entries tuned on {fingerprint}: serving those tuned on {tuned_on} (the same "
                               f"architecture and SM count: their kernels compute the same, the timings that chose "
@@ -411,10 +415,10 @@ class Dispatcher:
                 self._document = {}
         return self._document
 
-    def _say(self, message: str) -> None:
+    def _say(self, message: str, level: int = logging.WARNING) -> None:
         if message not in self._said:
             self._said.add(message)
-            log.warning("autofuse: %s", message)
+            log.log(level, "autofuse: %s", message)
 
 
 def _same(a: dict, b: dict) -> bool:

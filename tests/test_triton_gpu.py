@@ -145,3 +145,38 @@ def test_the_gates_wide_case_passes_the_fp32_triton_backward(problem):
         for mode in ("train", "eval") if prob.mode_sensitive else ("train",):
             result = check_variant(variant, prob, cases, "cuda", autograd=True, mode=mode)
             assert result.ok, f"{problem} {shape} {mode}: {result.reason}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp32", "tf32"])
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_x_in_whole_row_tiles_changes_no_bit(problem, precision, monkeypatch):
+    """x's operand pass writes whole TMA row tiles (``host._WHOLE_TILES``: a box past x's rows
+    slowed the GEMM). bf16's cast is torch's bfloat16 bit for bit, float32 denormals included (the
+    interpreter flushes them); and the forward at 37 rows on a 64-row tile (gemm_bn's training
+    statistics too) is the one that descriptors of x's rows alone give, whose boxes the copy engine
+    fills past the rows with zeros."""
+    from autofuse.kernels.triton import host
+    from autofuse.tuning.gate import CheckCase, build_case
+
+    if precision == "bf16":
+        x = torch.randn(37, 1000, device="cuda") * torch.logspace(-44, 38, 1000, device="cuda")
+        got = host.bfloat16_whole_tiles(x, 64)
+        assert got.shape == x.shape and getattr(got, host._WHOLE_TILES).shape == (64, 1000)
+        assert torch.equal(got.view(torch.int16), x.bfloat16().view(torch.int16))
+        assert (x.abs() < torch.finfo(torch.float32).tiny).any() and (got != 0).any()
+    prob = registry.get_problem(problem)
+    operands = {"bf16": "cast_pass", "fp32": "split_fp16", "tf32": "scaled_fp16"}[precision]
+    params = {"block_m": 64, "block_n": 64, "block_k": 128, "stages": 3, "warps": 4, "group_m": 8,
+              "persistent": False, "tma": True, "operands": operands}
+    real_descriptors, outs = host.descriptors, []
+    for views_alone in (False, True):
+        if views_alone:
+            monkeypatch.setattr(host, "descriptors", lambda tensors, rows, block_k: real_descriptors(
+                [t if t is None else t[:] for t in tensors], rows, block_k))
+        model, x = build_case(prob, CheckCase(dict(zip(prob.dims, (37, 1000, 777))), "randn", 3, False), "cuda",
+                              torch.float32, "train")
+        variant = registry.get_variant(problem, "triton")(precision, **params)
+        with torch.no_grad():
+            outs.append([variant(model, x)] + [b.clone() for b in model.buffers()])
+    assert all(torch.equal(a, b) for a, b in zip(*outs))

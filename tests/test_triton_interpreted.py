@@ -132,6 +132,10 @@ def test_the_backwards_transpose_kernel_interpreted():
     _run("transpose")
 
 
+def test_x_operand_passes_write_whole_row_tiles_and_change_no_product_interpreted():
+    _run("whole_row_tiles")
+
+
 def test_a_wrong_kernel_fails_the_interpreted_gate():
     _run("mutant_fails")
 

@@ -90,7 +90,8 @@ def range_check_off():
     """The float16 paths as they were before the range check: parts without flags or sources, so
     one launch of the main loop without the exact path, forward and backward. For timing only."""
     saved = (triton_variant.fp16_input_parts, backward.dx_operands, backward.dw_operands)
-    triton_variant.fp16_input_parts = lambda x, split, weights, check: (host.fp16_parts(x, split), weights[:3])
+    triton_variant.fp16_input_parts = lambda x, split, weights, check, tma_rows=None: (
+        host.fp16_parts(x, split, tma_rows), weights[:3])
     backward.dx_operands = lambda dy, columns: (host.fp16_parts(dy, True), columns[0][:3])
     backward.dw_operands = lambda dy, x: (backward.column_parts(dy, True), backward.column_parts(x, True))
     try:

@@ -631,6 +631,85 @@ def transpose() -> list[str]:
     return failures
 
 
+def whole_row_tiles() -> list[str]:
+    """x's operand passes write whole TMA row tiles (``host._WHOLE_TILES``). bf16's cast
+    (``bfloat16_whole_tiles``): torch's bfloat16 bit for bit (ties to even, inf, -0; NaN a NaN;
+    the interpreter flushes float32 denormals, so the GPU test checks those); a bfloat16 x read as
+    it is. The float16 parts
+    (``fp16_parts``, with the range check's flags): the unpadded pass's parts and scales bit for
+    bit. Each: zeros past x's rows, views of x's rows whose descriptors cover the whole buffer.
+    Then each problem's triton forward (and gemm_bn's training statistics, which sum over the
+    rows) under bf16, fp32 and tf32 the same bit for bit as with descriptors of the views alone,
+    whose boxes the copy engine fills past the rows with zeros."""
+    from autofuse.kernels.triton import host as triton_host
+    from autofuse.tuning.gate import build_case
+
+    generator = torch.Generator().manual_seed(5)
+    failures = []
+
+    def check_whole(what, view, want_rows, block_m):
+        whole = getattr(view, triton_host._WHOLE_TILES, view)
+        rows_whole = -(-want_rows // block_m) * block_m
+        desc = triton_host.descriptors((view,), block_m, 16)[0]
+        print("whole tiles", what, tuple(view.shape), tuple(whole.shape), tuple(desc.shape), flush=True)
+        if (tuple(whole.shape) != (rows_whole, view.shape[1]) or whole.data_ptr() != view.data_ptr()
+                or (whole[want_rows:] != 0).any()):
+            failures.append(f"{what}: buffer {tuple(whole.shape)} is not whole tiles of {block_m} rows, zeros past x's")
+        if tuple(desc.shape) != (rows_whole, view.shape[1]) or desc.base is not whole:
+            failures.append(f"{what}: the descriptor covers {tuple(desc.shape)}, not the whole buffer")
+
+    ties = (((torch.arange(64 * 48, dtype=torch.int32) + 0x3F00) << 16) | 0x8000).view(torch.float32).reshape(64, 48)
+    w = torch.randn(48, 48, generator=generator)
+    empty, empty_like = torch.empty, torch.empty_like
+    torch.empty = lambda *args, **kwargs: empty(*args, **kwargs).fill_(float("nan"))  # no lucky zeros
+    torch.empty_like = lambda t, **kwargs: torch.empty(t.shape, dtype=kwargs.get("dtype", t.dtype), device=t.device)
+    for rows, block_m in ((1, 16), (5, 16), (37, 64), (33, 32), (64, 64)):
+        x = torch.randn(rows, 48, generator=generator) * torch.logspace(-30, 38, 48)
+        x[0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+        for name, t in (("random", x), ("ties", ties[:rows].contiguous())):
+            got = triton_host.bfloat16_whole_tiles(t, block_m)
+            want, nan = t.bfloat16(), t.isnan()  # a NaN's bits are the converter's own
+            if not torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)) or not got[nan].isnan().all():
+                failures.append(f"bf16 {name} {rows} rows: not torch's bfloat16 bit for bit")
+            check_whole(f"bf16 {name} {rows} rows", got, rows, block_m)
+            if triton_host.bfloat16_whole_tiles(want, block_m) is not want:
+                failures.append(f"bf16 {name} {rows} rows: a bfloat16 x was copied, not read as it is")
+        t = torch.randn(rows, 48, generator=generator) * torch.logspace(-3, 3, 48)
+        for split in (True, False):
+            parts, check = triton_host.fp16_weight_parts(w, split)
+            got, _ = triton_host.fp16_input_parts(t, split, parts, check, block_m)
+            want, _ = triton_host.fp16_input_parts(t, split, parts, check)
+            if not all(torch.equal(a, b) for a, b in zip(got, want)):
+                failures.append(f"float16 parts, split {split}, {rows} rows: not the unpadded pass's bit for bit")
+            for part in got[:2]:
+                check_whole(f"float16 parts split {split} {rows} rows", part, rows, block_m)
+    torch.empty, torch.empty_like = empty, empty_like
+    real_descriptors = triton_host.descriptors
+    for (problem, mode), (precision, operands, dtype) in itertools.product(
+            (("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"), ("gemm_bn", "train"),
+             ("gemm_bn", "eval")), (("bf16", "cast_pass", torch.float32), ("fp32", "split_fp16", torch.float32),
+                                    ("tf32", "scaled_fp16", torch.float32))):
+        prob = registry.get_problem(problem)
+        outs = []
+        for views_alone in (False, True):
+            if views_alone:  # the descriptors of x's rows alone: the copy engine's zero fill past them
+                triton_host.descriptors = lambda tensors, rows, block_k: real_descriptors(
+                    [t if t is None else t[:] for t in tensors], rows, block_k)
+            model, x = build_case(prob, CheckCase(dict(zip(prob.dims, (37, 40, 53))), "randn", 3, False), "cpu",
+                                  dtype, mode)
+            variant = registry.get_variant(problem, "triton")(precision, **CONFIGS["grid-tma"], operands=operands)
+            with torch.no_grad():
+                outs.append([variant(model, x)] + [b.clone() for b in model.buffers()])
+            triton_host.descriptors = real_descriptors
+        same = all(torch.equal(a, b) for a, b in zip(*outs))
+        print("whole tiles", problem, mode, precision, operands, dtype, "the same as the views' descriptors:", same,
+              flush=True)
+        if not same:
+            failures.append(f"{problem} {mode} {precision} {operands} {dtype}: whole tiles changed the forward or "
+                            "the statistics")
+    return failures
+
+
 @triton.jit
 def _tanh_gelu(v):
     """GELU's tanh approximation: a different function from F.gelu's exact erf form."""
@@ -1223,7 +1302,8 @@ if __name__ == "__main__":
                 "exp_nonpositive": exp_nonpositive, "lse_mish_output": lse_mish_output,
                 "tf32_operands": tf32_operands, "tf32_round_in_the_kernel": tf32_round_in_the_kernel,
                 "fp16_operands": fp16_operands, "fp16_backward_gemms": fp16_backward_gemms,
-                "transpose": transpose, "wide_rows": wide_rows, "wide_rows_flags": wide_rows_flags,
+                "transpose": transpose, "whole_row_tiles": whole_row_tiles, "wide_rows": wide_rows,
+                "wide_rows_flags": wide_rows_flags,
                 "wide_gradients": wide_gradients, "wide_gradients_flags": wide_gradients_flags,
                 "wide_gate": wide_gate, "bn_without_running_stats": bn_without_running_stats,
                 "eval_after_training": eval_after_training, "one_tile_training": one_tile_training,

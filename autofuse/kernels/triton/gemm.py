@@ -10,7 +10,9 @@ walking tiles ``num_programs`` apart.
 - Grouped ordering (``tile_coords``): GROUP_M row-blocks of x sweep every column block before
   the next group starts, so a band of x stays in L2 while W streams through.
 - Operands: x (M×K) and W (N×K) are both K-major, as Hopper's tensor cores want them. With
-  TMA they arrive through tensor descriptors (the copy engine, zero padding past the edges);
+  TMA they arrive through tensor descriptors (the copy engine, zero padding past the edges; x's
+  operand pass writes whole row tiles, zeros included, as a box past x's rows slowed the GEMM:
+  ``host._WHOLE_TILES``);
   otherwise through pointer loads whose rows past M or N are clamped to valid ones (their
   results are never stored) and whose K tail is masked only when K % BLOCK_K != 0.
 - Precision (``operand_dot``, MODE): "3xtf32" is float32 accuracy from tensor cores: x = hi + lo
@@ -289,7 +291,7 @@ def fp16_scale(largest):
 
 
 @triton.jit
-def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, n_rows, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
                    col_weight_ptr=None, col_max_ptr=None, FLAG: tl.constexpr = False,
                    STATS: tl.constexpr = False):
     """One row of a float32 operand (K long, contiguous) per program, for the fp16 modes: s = 2^e
@@ -314,17 +316,22 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     rows), and 1/s negated where the range loses at least 1 element in WIDE_CANDIDATE. W's flag
     does not depend on x, so no pass over x per call: a per-call test weighted by x's column
     maxima took atomics over all of x, 0.12 ms at 1024×8192 on an H100 (benchmarks/gpu/wide_rows.py).
-    Either way a split row whose sum rests on a few entries is flagged too (``few_terms``)."""
+    Either way a split row whose sum rests on a few entries is flagged too (``few_terms``).
+
+    Programs past ``n_rows`` write zero rows into hi and lo and nothing else: the rows that make
+    x's parts whole TMA row tiles (``host.fp16_parts``)."""
     row = tl.program_id(0).to(tl.int64)
+    real = row < n_rows
+    loaded = tl.where(real, K, 0)  # a padding row reads nothing: its parts are zeros
     offsets = tl.arange(0, BLOCK)
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in range(0, K, BLOCK):
-        v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < K, other=0.0)
+        v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < loaded, other=0.0)
         largest = tl.maximum(largest, tl.abs(v))
         if STATS:
             column_max_update(col_max_ptr + k + offsets, tl.abs(v), k + offsets < K)
     s, inv_s = fp16_scale(tl.max(largest))
-    tl.store(inv_scale_ptr + row, inv_s)
+    tl.store(inv_scale_ptr + row, inv_s, mask=real)
     excess = tl.zeros((BLOCK,), dtype=tl.float32)
     budget = tl.zeros((BLOCK,), dtype=tl.float32)
     lost = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -332,7 +339,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
     floor = tl.max(largest) * s * 5.9604644775390625e-08  # 2⁻²⁴ of the scaled row's max: ``few_terms``
     for k in range(0, K, BLOCK):
         ok = k + offsets < K
-        v = tl.load(src_ptr + row * K + k + offsets, mask=ok, other=0.0) * s
+        v = tl.load(src_ptr + row * K + k + offsets, mask=k + offsets < loaded, other=0.0) * s
         hi = v.to(tl.float16)
         tl.store(hi_ptr + row * K + k + offsets, hi, mask=ok)
         if SPLIT:
@@ -352,7 +359,7 @@ def fp16_row_parts(src_ptr, hi_ptr, lo_ptr, inv_scale_ptr, K, SPLIT: tl.constexp
         else:
             flagged = tl.sum(lost) * WIDE_CANDIDATE >= K
         flagged = flagged | few_terms(tl.sum(terms), SPLIT)
-        tl.store(inv_scale_ptr + row, tl.where(flagged, -inv_s, inv_s))
+        tl.store(inv_scale_ptr + row, tl.where(flagged, -inv_s, inv_s), mask=real)
 
 
 # The range check's threshold: a row (or a column of the output) is flagged where the loss beyond the
@@ -624,6 +631,15 @@ def tf32_parts(src_ptr, hi_ptr, lo_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.conste
     tl.store(hi_ptr + offsets, hi, mask=ok)
     if SPLIT:
         tl.store(lo_ptr + offsets, round_tf32(v - hi), mask=ok)
+
+
+@triton.jit
+def bfloat16_padded(src_ptr, out_ptr, n, n_out, BLOCK: tl.constexpr):
+    """out[:n] = src (float32) rounded to bfloat16 as torch rounds it (``bfloat16_round``) and
+    out[n:n_out] = 0, in one pass: bf16's x in whole row tiles (``host.bfloat16_whole_tiles``)."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src_ptr + offsets, mask=offsets < n, other=0.0)
+    tl.store(out_ptr + offsets, bfloat16_round(v).to(tl.bfloat16), mask=offsets < n_out)
 
 
 @triton.jit

@@ -49,18 +49,24 @@ def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, round_tf32(t - hi)
 
 
-def fp16_parts(t: torch.Tensor, split: bool, **check: Any) -> Operand:
+def fp16_parts(t: torch.Tensor, split: bool, tma_rows: int | None = None, **check: Any) -> Operand:
     """(hi, lo, inverse row scales) of a contiguous 2-D float32 ``t`` in float16, one program per
     row (``gemm.fp16_row_parts``); lo is hi again unless ``split``. ``check`` holds the
-    range check's arguments of that kernel, if any (``fp16_weight_parts``, ``fp16_input_parts``)."""
+    range check's arguments of that kernel, if any (``fp16_weight_parts``, ``fp16_input_parts``).
+    ``tma_rows``: hi and lo are written in whole tiles of that many rows, zeros past t's rows, and
+    returned as views of t's rows (see _WHOLE_TILES)."""
     rows, cols = t.shape
-    hi = torch.empty(rows, cols, device=t.device, dtype=torch.float16)
+    whole = rows if tma_rows is None else -(-rows // tma_rows) * tma_rows
+    hi = torch.empty(whole, cols, device=t.device, dtype=torch.float16)
     lo = torch.empty_like(hi) if split else hi
     inv_scale = torch.empty(rows, device=t.device)
     if rows:
         block = row_parts_block(cols)
-        gemm_kernels().fp16_row_parts[(rows,)](t, hi, lo, inv_scale, cols, SPLIT=split, BLOCK=block,
-                                               num_warps=4 if block <= 1024 else 8, **check)
+        gemm_kernels().fp16_row_parts[(whole,)](t, hi, lo, inv_scale, cols, rows, SPLIT=split, BLOCK=block,
+                                                num_warps=4 if block <= 1024 else 8, **check)
+    if whole != rows:
+        hi = _rows_of(hi, rows)
+        lo = _rows_of(lo, rows) if split else hi
     return hi, lo, inv_scale
 
 
@@ -93,12 +99,13 @@ def fp16_weight_parts(w: torch.Tensor, split: bool) -> tuple[Operand, WideCheck]
     return parts, WideCheck(w, col_weight)
 
 
-def fp16_input_parts(x: torch.Tensor, split: bool, weights: Operand, check: WideCheck) -> tuple[Operand, Operand]:
+def fp16_input_parts(x: torch.Tensor, split: bool, weights: Operand, check: WideCheck,
+                     tma_rows: int | None = None) -> tuple[Operand, Operand]:
     """x's float16 parts and W's, each with its source appended (the exact path's operand), x's
     rows' inverse scales negated where the parts cannot carry them (``fp16_row_parts``, weighted by
     W's column maxima); W's were flagged with its parts. No host sync: the GEMM reads the signs
-    (``gemm.tile_flagged``)."""
-    hi, lo, x_scale = fp16_parts(x, split, col_weight_ptr=check.col_weight, FLAG=True)
+    (``gemm.tile_flagged``). ``tma_rows``: x's parts in whole row tiles (``fp16_parts``)."""
+    hi, lo, x_scale = fp16_parts(x, split, tma_rows, col_weight_ptr=check.col_weight, FLAG=True)
     return (hi, lo, x_scale, x), (*weights[:3], check.source)
 
 
@@ -204,7 +211,47 @@ def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[
 
 
 def descriptors(tensors, rows: int, block_k: int) -> tuple:
-    """A TMA descriptor of [rows, block_k] blocks for each tensor (None for None)."""
+    """A TMA descriptor of [rows, block_k] blocks for each tensor (None for None), over the whole
+    buffer where the tensor is a view of its rows (see _WHOLE_TILES)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return tuple(None if t is None else TensorDescriptor.from_tensor(t, [rows, block_k]) for t in tensors)
+    return tuple(None if t is None else TensorDescriptor.from_tensor(getattr(t, _WHOLE_TILES, t), [rows, block_k])
+                 for t in tensors)
+
+
+# Whole tiles: x's operand pass (bf16's cast, the float16 parts) writes a buffer of whole TMA row
+# tiles, zeros past x's rows, and hands on the view of x's rows, whose attribute _WHOLE_TILES names
+# the buffer; ``descriptors`` gives TMA the buffer. A box that runs past its tensor's last row
+# slowed the whole GEMM: 22 at 37 rows on rung 64's 64-row tile (Nsight Compute, NVIDIA H200)
+# took 49.8 µs of GEMM under bf16 against 38.4 with x so padded (42.4 against 37.6 at 40 rows,
+# 39.3 against 37.9 at 48), 48.3 against 37.6 under tf32's float16 parts, 77.7 against 75.3
+# under fp32's split ones. The zeros are what the box's out-of-bounds fill reads, so the products
+# are the same bit for bit.
+_WHOLE_TILES = "_autofuse_whole_tiles"
+
+
+def _rows_of(buffer: torch.Tensor, rows: int) -> torch.Tensor:
+    """The view of ``buffer``'s first ``rows`` rows, naming ``buffer`` for ``descriptors``."""
+    view = buffer[:rows]
+    setattr(view, _WHOLE_TILES, buffer)
+    return view
+
+
+def bfloat16_whole_tiles(x: torch.Tensor, block_m: int) -> torch.Tensor:
+    """``x.bfloat16()`` (x contiguous, float32) in whole ``block_m``-row tiles, by one kernel
+    (``gemm.bfloat16_padded``; see _WHOLE_TILES). Where x's rows are whole tiles, torch's cast.
+
+    A bfloat16 x (a bfloat16 model's) is returned as it is: no pass writes it, and a copy into
+    whole tiles was measured a loss as often as a gain (NVIDIA H200, the shipped table's triton
+    entries, GPU time): 99 at 8192² took 55.5 → 47.8 µs at 37 rows and 81.1 → 70.4 at 100, but
+    42.0 → 44.4 at 1 row and 44.4 → 46.3 at 17; gemm_bn eval at 4096² 16.4 → 18.6 at 1 row and
+    19.1 → 20.9 at 37."""
+    rows, cols = x.shape
+    whole = -(-rows // block_m) * block_m
+    if whole == rows or x.dtype == torch.bfloat16:
+        return x.bfloat16()
+    buffer = torch.empty(whole, cols, device=x.device, dtype=torch.bfloat16)
+    block = 4096
+    gemm_kernels().bfloat16_padded[(-(-buffer.numel() // block),)](x, buffer, x.numel(), buffer.numel(),
+                                                                  BLOCK=block, num_warps=8)
+    return _rows_of(buffer, rows)

@@ -41,6 +41,7 @@ from autofuse.kernels.autograd import CUBLAS
 from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.host import (
     Operand,
+    bfloat16_whole_tiles,
     descriptors,
     fp16_input_parts,
     fp16_parts,  # noqa: F401 - the float16 parts' kernel, as tests/interpreted/check_triton.py reaches it
@@ -201,11 +202,13 @@ def weight_operands(w: torch.Tensor, operands: str) -> Operand:
     return w, w, None
 
 
-def input_operands(x: torch.Tensor, operands: str, weights: tuple | None = None) -> Operand:
+def input_operands(x: torch.Tensor, operands: str, weights: tuple | None = None,
+                   tma_rows: int | None = None) -> Operand:
     """x's ``Operand`` for ``operands``: one pass over x where they need one (a Triton kernel for
     the TF32 parts: torch's bit operations took four passes, 0.046 ms at 1024×8192). The float16
     paths take W's cached operand and return (x's, W's for this call): the range check flags rows
-    of both that the float16 parts cannot carry (``fp16_input_parts``)."""
+    of both that the float16 parts cannot carry (``fp16_input_parts``). ``tma_rows``: the rows of
+    x's TMA box, which bf16's cast and the float16 parts write whole (``host._WHOLE_TILES``)."""
     block = 4096
     if operands == "split_trunc":  # hi is x: the tensor cores truncate it
         lo = torch.empty_like(x)
@@ -219,10 +222,10 @@ def input_operands(x: torch.Tensor, operands: str, weights: tuple | None = None)
                                                               num_warps=8)
         return hi, lo, None
     if operands == "cast_pass":
-        xb = x.bfloat16()
+        xb = x.bfloat16() if tma_rows is None else bfloat16_whole_tiles(x, tma_rows)
         return xb, xb, None
     if operands in ("split_fp16", "scaled_fp16"):
-        return fp16_input_parts(x, operands == "split_fp16", weights[:3], weights[3])
+        return fp16_input_parts(x, operands == "split_fp16", weights[:3], weights[3], tma_rows)
     return x, x, None
 
 
@@ -394,10 +397,11 @@ class TritonVariant(Variant):
         b = (torch.zeros(n_out, device=x.device, dtype=dtype) if bias is None
              else operand(bias, f"{name}.bias", (n_out,), x.device, dtype))
         x = x.detach().contiguous()
+        tma_rows = self.params["block_m"] if self.params["tma"] else None
         if operands in ("split_fp16", "scaled_fp16"):
-            xs, weights = input_operands(x, operands, weights)
+            xs, weights = input_operands(x, operands, weights, tma_rows)
         else:
-            xs = input_operands(x, operands)
+            xs = input_operands(x, operands, tma_rows=tma_rows)
         return (xs[0] if xs[0].dtype == torch.bfloat16 else x), xs, weights, b
 
     def model_dtype(self, weight: torch.Tensor) -> torch.dtype:

@@ -171,3 +171,51 @@ def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_compu
                 differ = (got != want).sum().item()
                 assert steps <= 1.0, (sizes, params, dist, steps)
                 assert differ <= max(2, want.numel() // 1000), (sizes, params, dist, differ)
+
+
+def _clamp_lse_mish_chain(y: torch.Tensor, s: float, lo: float, hi: float) -> torch.Tensor:
+    """22's reference after its Linear, on y as it is: every step a bfloat16 tensor."""
+    v = y * s
+    v = torch.clamp(v + v, lo, hi)
+    z = torch.logsumexp(v, dim=1, keepdim=True)
+    return z * torch.nn.functional.mish(z)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("block", [128, 256])
+def test_clamp_lse_mish_bfloat16_rows_follow_the_reference_in_every_form(block):
+    """22's bfloat16-model row kernel against the reference's own chain on the same y, in each of
+    its forms: packed pairs with the row staged in shared memory (N = 8192, and 1000: a block
+    with idle threads), packed and read twice (a row past 48 KB), the float form (a scale that is
+    no bfloat16 value, or N not a multiple of 8). Rows hold a NaN, +inf, −inf, all −inf, values
+    that overflow when doubled, or one value but their max (each rounding of a term then counts
+    n − 1 times, see below), under the default clamp, an unbounded one, a zero scale (inf · 0 is
+    NaN) and a negative one. Bit for bit but for a few rows whose float32 sum is added in another
+    order."""
+    cls = registry.get_variant("matmul_clamp_lse_mish", "cublas_epilogue")
+    variant = cls("bf16", block=block)
+    for n in (8192, 1000, 24584, 777):
+        for s, lo, hi in ((2.0, -10.0, 10.0), (0.3, -10.0, 10.0), (1.0, float("-inf"), float("inf")),
+                          (0.0, -10.0, 10.0), (-0.5, -3.0, 1e30)):
+            torch.manual_seed(n)
+            y = (torch.randn(64, n, device="cuda") * torch.logspace(-3, 3, 64, device="cuda")[:, None]).bfloat16()
+            y[1, n // 3] = float("nan")
+            y[2, n - 1] = float("inf")
+            y[3, 0] = float("-inf")
+            y[4] = float("-inf")
+            y[5, ::7] = 3e38
+            if s != 0:
+                # Rows of one value but their max, v = 2·s·y about −8.6 and 0.1: n − 1 equal terms
+                # exp(d), d = v − max not a bfloat16 value, their sum near 1.5 and z near 0.5,
+                # where bfloat16 is fine. A kernel that skips rounding d or exp(d) errs the same
+                # way n − 1 times: 5 to 27 of these 32 rows differ (a CPU emulation of the chain).
+                y[32:] = ((-8.6 + 0.5 * torch.rand(32, 1, device="cuda")) / (2 * s)).bfloat16()
+                y[32:, n // 2] = ((0.04 + 0.16 * torch.rand(32, device="cuda")) / (2 * s)).bfloat16()
+            want = _clamp_lse_mish_chain(y, s, lo, hi)
+            got = torch.empty_like(want)
+            variant.launch("af_clamp_lse_mish_rows_bf16", y, got, s, lo, hi, *y.shape, device=y.device)
+            torch.cuda.synchronize()
+            same = (got == want) | (got.isnan() & want.isnan())
+            assert (got.isnan() == want.isnan()).all(), (n, s, lo, hi, got[:6].flatten(), want[:6].flatten())
+            assert (~same).sum().item() <= 2, (n, s, lo, hi, (~same).nonzero()[:4].flatten().tolist())

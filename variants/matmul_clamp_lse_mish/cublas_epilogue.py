@@ -14,10 +14,12 @@ which exists anyway, and z (see gradients.py).
 A bfloat16 model (under bf16, without gradients: its autograd keys are the triton variant's):
 y = linear(x) as its reference computes it (cuBLAS's bfloat16 output, the bias in its epilogue),
 then a kernel that rounds where the reference stores a bfloat16 tensor (x·s, the clamp,
-logsumexp's terms against the row's max, its sum, log and z, mish(z), the output): two reads of
-the row, the second from L2, and the (batch, 1) bfloat16 output; the reference's chain reads
-and writes the logits four times. Kernel: csrc/clamp_lse_mish_rows.cu
-(af_clamp_lse_mish_rows_bf16, whose comment says why each term is rounded).
+logsumexp's terms against the row's max, its sum, log and z, mish(z), the output): one read of
+the row from memory, staged in shared memory for the second pass, and the (batch, 1) bfloat16
+output; the reference's chain reads and writes the logits four times. Where the scale is a
+bfloat16 value (the default 2) the bfloat16 steps run on pairs (bfloat16x2 instructions).
+Kernel: csrc/clamp_lse_mish_rows.cu (af_clamp_lse_mish_rows_bf16, whose comments say why each
+term is rounded and why the pairs round alike).
 """
 
 import torch

@@ -14,12 +14,15 @@
 // KernelBench's harness at bfloat16 finds the reference's output: v = clamp(2·bf16(y·s)), then
 // torch's logsumexp of a bfloat16 row (m = max v; bf16(v − m), its exp and the row's float32
 // sum each rounded; z = bf16(m + bf16(log Σ))), then bf16(z·bf16(mish(z))). Each term is
-// rounded against the row's max, which one pass cannot know: the row is read twice (the
-// second read from L2). A tile-relative sum, rounded once, put 3 of 1024 rows one bfloat16
-// step off z, and their outputs past the harness's tolerance (see the triton variant's
-// lse_mish_finish_bf16).
+// rounded against the row's max, which one pass cannot know: the row is gone over twice (the
+// second time from shared memory, where the first staged it, or from L2). The packed form below
+// does the bfloat16 steps two elements an instruction. A tile-relative sum, rounded once, put 3
+// of 1024 rows one bfloat16 step off z, and their outputs past the harness's tolerance (see the
+// triton variant's lse_mish_finish_bf16).
 #include "math.cuh"
 #include "rows.cuh"
+
+#include <cstring>
 
 #ifndef AF_BLOCK
 #define AF_BLOCK 256
@@ -163,13 +166,93 @@ clamp_lse_mish_rows_bf16(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __r
     }
 }
 
+// The packed form, for rows of whole 16-byte vectors and a scale that is a bfloat16 value (the
+// default's 2): the same roundings in bfloat16x2 arithmetic, one instruction for two elements.
+// bf16(y·s) is one rounding of the exact product either way (two bfloat16 values multiply
+// exactly in float32); doubling, and clamping to bounds rounded to bfloat16, are exact; and
+// bf16(v − shift) of two bfloat16 values is the same whether the difference is rounded once or
+// first to float32 (exact unless the exponents are 16 apart, when neither lands on a bfloat16
+// midpoint). The first pass takes the max and min of the raw pairs, NaN-propagating; ±inf times
+// a zero scale is then tested once, on the row's extremes. STAGED keeps the row in shared
+// memory between the passes (N·2 bytes, up to 48 KB) rather than reading it again from L2.
+// 1024 rows of 8192 on an H200, block 256: 11.5 µs against the float form's 14.9, 6.1 million
+// warp instructions against 9.3 (Nsight Compute). What is left is issue: about half the issue
+// slots busy, the ALU pipe the busiest (42%), expf's 8 instructions an element the largest share.
+// Holding the row in registers instead (4 or 8 uint4 a thread) was as fast at 1024 rows and 3%
+// slower at 37; forcing one wave of all 1024 rows (32 registers, full occupancy) was no faster.
+template <bool STAGED>
+__global__ void __launch_bounds__(BLOCK)
+clamp_lse_mish_rows_bf16_packed(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ out, int N,
+                                float s, float lo, float hi) {
+    extern __shared__ uint4 staged[];  // the row, when STAGED: N·2 bytes
+    __shared__ float red[BLOCK / 32];
+    const uint4* r = reinterpret_cast<const uint4*>(y + (size_t)blockIdx.x * N);
+    const int n_vec = N / 8;
+    __nv_bfloat162 top = __float2bfloat162_rn(-INFINITY), bottom = __float2bfloat162_rn(INFINITY);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n_vec; i += BLOCK) {
+        const uint4 q = r[i];
+        if constexpr (STAGED) staged[i] = q;
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&q);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            top = __hmax2_nan(top, pairs[k]);
+            bottom = __hmin2_nan(bottom, pairs[k]);
+        }
+    }
+    const float2 t2 = __bfloat1622float2(top), b2 = __bfloat1622float2(bottom);
+    const bool nan = isnan(t2.x) || isnan(t2.y);
+    const float y_max = af_block_max<BLOCK>(fmaxf(t2.x, t2.y), red);
+    const float y_min = -af_block_max<BLOCK>(-fminf(b2.x, b2.y), red);
+    // A NaN anywhere, or ±inf times a zero (or NaN) scale: torch.amax keeps it.
+    const bool row_nan = __syncthreads_or(nan) || isnan(y_max * s) || isnan(y_min * s);
+    const float m = row_nan ? NAN : clamped_bf16(s >= 0.f ? y_max : y_min, s, lo, hi);
+    const float shift = isinf(m) ? 0.f : m;  // logsumexp's masked_fill of an infinite max
+    const __nv_bfloat162 s2 = __float2bfloat162_rn(s), two = __float2bfloat162_rn(2.f);
+    const __nv_bfloat162 lo2 = __float2bfloat162_rn(lo), hi2 = __float2bfloat162_rn(hi);
+    const __nv_bfloat162 shift2 = __float2bfloat162_rn(shift);
+    float sum = 0.f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n_vec; i += BLOCK) {
+        const uint4 q = STAGED ? staged[i] : r[i];  // a thread reads back only what it staged
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&q);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat162 v = __hmin2(__hmax2(__hmul2(__hmul2(pairs[k], s2), two), lo2), hi2);
+            const float2 d = __bfloat1622float2(__hsub2(v, shift2));
+            const float2 e = round_bf16x2(expf(d.x), expf(d.y));
+            sum += e.x + e.y;
+        }
+    }
+    sum = af_block_sum<BLOCK>(sum, red);
+    if (threadIdx.x == 0) {
+        const float z = af_round_bf16(af_round_bf16(logf(af_round_bf16(sum))) + shift);
+        out[blockIdx.x] = __float2bfloat16_rn(z * af_round_bf16(af_mish(z)));
+    }
+}
+
+// True when s is a bfloat16 value (its low 16 bits are zero): the packed form's condition.
+inline bool is_bfloat16_value(float s) {
+    uint32_t bits;
+    memcpy(&bits, &s, sizeof bits);
+    return (bits & 0xffffu) == 0;
+}
+
 // A bfloat16 model's rows: y M×N bfloat16 (bias included), out M bfloat16; s = scale_factor.
 AF_EXPORT int af_clamp_lse_mish_rows_bf16(const void* y, void* out, float s, float lo, float hi, int M, int N,
                                           cudaStream_t stream) {
     if (M == 0) return 0;
     const auto* y16 = static_cast<const __nv_bfloat16*>(y);
     auto* out16 = static_cast<__nv_bfloat16*>(out);
-    if (N % 8 == 0 && af_aligned16(y16)) {
+    const bool vectors = N % 8 == 0 && af_aligned16(y16);
+    if (vectors && is_bfloat16_value(s)) {
+        const size_t row_bytes = (size_t)N * 2;
+        if (row_bytes <= 48 * 1024) {
+            clamp_lse_mish_rows_bf16_packed<true><<<M, BLOCK, row_bytes, stream>>>(y16, out16, N, s, lo, hi);
+        } else {
+            clamp_lse_mish_rows_bf16_packed<false><<<M, BLOCK, 0, stream>>>(y16, out16, N, s, lo, hi);
+        }
+    } else if (vectors) {
         clamp_lse_mish_rows_bf16<8><<<M, BLOCK, 0, stream>>>(y16, out16, N, s, lo, hi);
     } else {
         clamp_lse_mish_rows_bf16<1><<<M, BLOCK, 0, stream>>>(y16, out16, N, s, lo, hi);

@@ -142,7 +142,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         """The two-kernel path's workspaces, or Nones where the strip kernel holds ``batch`` rows."""
         if lib.af_bn_strip_fits(batch, device.index):
             return (None,) * 6
-        part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch), n_out, device=device)
+        part_count, part_mean, part_m2 = torch.empty(3, lib.af_bn_chunks(batch, n_out), n_out, device=device)
         col_mean, col_coef = torch.empty(n_out, device=device), torch.empty(n_out, device=device)
         arrivals = self._arrival_counters(device, lib.af_bn_strips(n_out))
         return part_count, part_mean, part_m2, arrivals, col_mean, col_coef

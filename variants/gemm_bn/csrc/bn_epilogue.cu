@@ -50,13 +50,20 @@ static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK is a multi
 static_assert(STRIP_COLS == 0 || STRIP_COLS == 8 || STRIP_COLS == 16 || STRIP_COLS == 32, "STRIP_COLS is 0, 8, 16 or 32");
 static_assert(STRIP_BLOCK % 32 == 0 && STRIP_BLOCK >= 64 && STRIP_BLOCK <= 1024, "AF_BLOCK is a multiple of 32 in [64, 1024]");
 
-// Chunks of rows per strip: enough blocks to fill the GPU (N/32 strips × up to 64 chunks: 8192
-// blocks at 16384×4096), and at least MIN_CHUNK_ROWS rows each so the cross-chunk merge stays small.
-constexpr int MAX_CHUNKS = 64, MIN_CHUNK_ROWS = 256;
+// Chunks of rows per strip: about TARGET_BLOCKS blocks in all (three waves and more on 132 SMs),
+// each chunk as tall as that allows, at least MIN_CHUNK_ROWS rows and at most MAX_CHUNKS chunks.
+// A block's reduction, partials and arrival cost the same at any height, so short chunks spend
+// the kernel on them: at 16384×4096 (a bfloat16 model, H200, Nsight Compute) 64 chunks of 256
+// rows (8192 blocks, 8 loads a thread) took 86 µs with DRAM 33% busy, 16 of 1024 take 72-73 µs
+// (39%). A block still reads a strip 64 bytes wide under bfloat16: there is more to find here.
+constexpr int MAX_CHUNKS = 64, MIN_CHUNK_ROWS = 256, TARGET_BLOCKS = 2048;
 constexpr int STATS_UNROLL = 4;  // independent loads in flight per thread in column_stats
 constexpr int NORM_UNROLL = 8;   // rows each bn_normalize thread loads before it writes any
 
-inline int stat_chunks(int M) { return max(1, min(af_ceil_div(M, MIN_CHUNK_ROWS), MAX_CHUNKS)); }
+inline int stat_chunks(int M, int N) {
+    const int wanted = af_ceil_div(TARGET_BLOCKS, af_ceil_div(N, COLS));
+    return max(1, min(min(wanted, MAX_CHUNKS), af_ceil_div(M, MIN_CHUNK_ROWS)));
+}
 
 using bf16 = __nv_bfloat16;
 template <typename T>
@@ -118,10 +125,28 @@ __device__ __forceinline__ void model_values(float (&v)[VEC], const float (&s)[V
     }
 }
 
+// A bfloat16 model's four loaded elements as y2 = bfloat16(y·s), two a bfloat16x2 multiply: the
+// product of two bfloat16 values is exact in float32, so the packed multiply rounds once, as the
+// reference's float32 multiply and bfloat16 store do. Against a conversion (F2F) an element, it
+// took column_stats from 102 to 86 µs and bn_normalize from 118 to 86 at 16384×4096 (H200).
+// Holding bn_normalize's rows as loaded and converting them late (60 registers against 66) did
+// not help (88-91 µs).
+__device__ __forceinline__ void model_values_of(uint2 q, const float (&s)[4], float (&v)[4]) {
+    const float2 lo = __bfloat1622float2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&q.x),
+                                                 __floats2bfloat162_rn(s[0], s[1])));
+    const float2 hi = __bfloat1622float2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&q.y),
+                                                 __floats2bfloat162_rn(s[2], s[3])));
+    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+}
+
 template <int VEC, typename T>
 __device__ __forceinline__ void load_model_values(const T* p, const float (&s)[VEC], float (&v)[VEC]) {
-    load_vec<VEC>(p, v);
-    model_values<VEC, T>(v, s);
+    if constexpr (VEC == 4 && BF16_MODEL<T>) {
+        model_values_of(*reinterpret_cast<const uint2*>(p), s, v);
+    } else {
+        load_vec<VEC>(p, v);
+        model_values<VEC, T>(v, s);
+    }
 }
 
 // Merge the BLOCK/32 row lanes of each of 32 columns (thread = column tid % 32, lane tid / 32);
@@ -431,7 +456,7 @@ AF_EXPORT int af_bn_strip_fits(int M, int device) {
 }
 
 // Sizes of the two-kernel path's workspaces: partials [chunks][N], arrivals [strips] (zeroed).
-AF_EXPORT int af_bn_chunks(int M) { return stat_chunks(M); }
+AF_EXPORT int af_bn_chunks(int M, int N) { return stat_chunks(M, N); }
 AF_EXPORT int af_bn_strips(int N) { return af_ceil_div(N, COLS); }
 
 constexpr int MAX_DEVICES = 64;
@@ -462,7 +487,7 @@ template <int VEC, typename T>
 static int launch_two_kernels(const T* z, T* out, const T* beta, const BnParams<T>& params, float* part_count,
                               float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
                               float* col_coef, int M, int N, cudaStream_t stream) {
-    const int chunks = stat_chunks(M);
+    const int chunks = stat_chunks(M, N);
     const int strips = af_ceil_div(N, COLS);
     column_stats<VEC, T><<<dim3(strips, chunks), BLOCK, 0, stream>>>(z, M, N, af_ceil_div(M, chunks), part_count,
                                                                   part_mean, part_m2, arrivals, col_mean,

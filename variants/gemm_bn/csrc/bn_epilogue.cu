@@ -447,6 +447,7 @@ bn_normalize(const T* z, T* out, const float* __restrict__ col_mean, const float
 // bfloat16 row in 8-byte pieces; at 16384×4096 (H200, Nsight Compute) these take column_stats
 // from 72 to 45 µs (DRAM 39% → 63%) and bn_normalize from 86 to 64 (57% → 77%), the same sums in
 // the same order. Need N % 8 == 0 and z, out and scale 16-byte aligned (the launcher checks).
+// The chunks of rows are stat_chunks', so column_stats_bf16_lines has half the blocks it aims for.
 constexpr int LINE_COLS = 64, NORM_LINE_UNROLL = 4;  // 8 rows a thread: 80 registers, no faster
 
 // Eight loaded elements as y2 = bfloat16(y·s), as model_values_of.

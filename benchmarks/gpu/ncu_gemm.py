@@ -127,5 +127,6 @@ def profile(prob, variant, shape: dict, precision: str, mode: str) -> None:
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
 
+
 if __name__ == "__main__":
     main()

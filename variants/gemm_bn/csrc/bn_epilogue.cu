@@ -132,12 +132,19 @@ __device__ __forceinline__ void model_values(float (&v)[VEC], const float (&s)[V
 // took column_stats from 102 to 86 µs and bn_normalize from 118 to 86 at 16384×4096 (H200).
 // Holding bn_normalize's rows as loaded and converting them late (60 registers against 66) did
 // not help (88-91 µs).
+template <int PAIRS>
+__device__ __forceinline__ void model_values_of(const __nv_bfloat162* y, const __nv_bfloat162* s,
+                                                float (&v)[2 * PAIRS]) {
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) {
+        const float2 f = __bfloat1622float2(__hmul2(y[k], s[k]));
+        v[2 * k] = f.x, v[2 * k + 1] = f.y;
+    }
+}
+
 __device__ __forceinline__ void model_values_of(uint2 q, const float (&s)[4], float (&v)[4]) {
-    const float2 lo = __bfloat1622float2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&q.x),
-                                                 __floats2bfloat162_rn(s[0], s[1])));
-    const float2 hi = __bfloat1622float2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&q.y),
-                                                 __floats2bfloat162_rn(s[2], s[3])));
-    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+    const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(s[0], s[1]), __floats2bfloat162_rn(s[2], s[3])};
+    model_values_of<2>(reinterpret_cast<const __nv_bfloat162*>(&q), pairs, v);
 }
 
 template <int VEC, typename T>
@@ -329,6 +336,54 @@ __device__ __forceinline__ float strip_sum(const float (&v)[VEC], float (&red)[W
     return total;
 }
 
+// The end of column_stats over a C-column strip, called by every thread of the block: the
+// block's shifted sums (s1, s2; each column's K in shift[]) become this chunk's partials, and the
+// last block of the strip to arrive merges every chunk's with Chan's update and finishes the
+// columns.
+template <int VEC, int C, typename T>
+__device__ __forceinline__ void finish_chunk(const float (&s1)[VEC], const float (&s2)[VEC], const float* shift,
+                                             float (&red)[WARPS][C], LaneMerge& merge, bool& last, int rows, int N,
+                                             float* part_count, float* part_mean, float* part_m2,
+                                             unsigned int* arrivals, float* col_mean, float* col_coef,
+                                             const BnParams<T>& params) {
+    const float sum1 = strip_sum<VEC, C>(s1, red);  // its barriers also publish shift[]
+    const float sum2 = strip_sum<VEC, C>(s2, red);
+    const int col = blockIdx.x * C + threadIdx.x;  // meaningful for threadIdx.x < C
+    if (threadIdx.x < C && col < N) {
+        const float n = (float)rows;
+        const float mean_d = sum1 / n;
+        const float m2 = sum2 - sum1 * mean_d;
+        const size_t at = (size_t)blockIdx.y * N + col;
+        part_count[at] = n;
+        part_mean[at] = shift[threadIdx.x] + mean_d;
+        part_m2[at] = m2 < 0.f ? 0.f : m2;  // rounding can dip below 0; a NaN stays NaN (fmaxf would drop it)
+    }
+    // The threadFenceReduction pattern: partials visible device-wide before this block counts
+    // itself in; the block that counts last sees every chunk's partial.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&arrivals[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    const int mx = threadIdx.x % 32, my = threadIdx.x / 32;
+    for (int half = 0; half < C / 32; ++half) {  // LaneMerge takes 32 columns at a time
+        const int mcol = blockIdx.x * C + half * 32 + mx;
+        float n = 0.f, mean = 0.f, m2 = 0.f;
+        if (mcol < N) {
+            for (int p = my; p < (int)gridDim.y; p += LaneMerge::LANES) {
+                const size_t at = (size_t)p * N + mcol;  // __ldcg: from L2, never a stale L1 line
+                af_chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
+            }
+        }
+        merge.run(n, mean, m2, mx, my);
+        if (my == 0 && mcol < N) {
+            col_mean[mcol] = mean;
+            col_coef[mcol] = bn_column_finish(mcol, n, mean, m2, params);
+        }
+    }
+    if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;  // ready for reuse: the caller zeroes the buffer only once
+}
+
 // Shifted sums instead of Welford: d = v − K with K a value of the column (the chunk's first), so
 // Σd and Σd² are additive (no division per element, loads stay in flight, the block adds its
 // threads' sums without Chan merges) and M2 = Σd² − (Σd)²/n cancels only down from
@@ -375,40 +430,8 @@ column_stats(const T* __restrict__ z, int M, int N, int chunk_rows, float* part_
             for (int j = 0; j < VEC; ++j) shift[cx * VEC + j] = k[j];
         }
     }
-    const float sum1 = strip_sum<VEC>(s1, red);  // its barriers also publish shift[]
-    const float sum2 = strip_sum<VEC>(s2, red);
-    const int col = blockIdx.x * COLS + threadIdx.x;  // meaningful for threadIdx.x < COLS
-    if (threadIdx.x < COLS && col < N) {
-        const float n = (float)(r1 - r0);
-        const float mean_d = sum1 / n;
-        const float m2 = sum2 - sum1 * mean_d;
-        const size_t at = (size_t)blockIdx.y * N + col;
-        part_count[at] = n;
-        part_mean[at] = shift[threadIdx.x] + mean_d;
-        part_m2[at] = m2 < 0.f ? 0.f : m2;  // rounding can dip below 0; a NaN stays NaN (fmaxf would drop it)
-    }
-    // The threadFenceReduction pattern: partials visible device-wide before this block counts
-    // itself in; the block that counts last sees every chunk's partial.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&arrivals[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    const int mx = threadIdx.x % 32, my = threadIdx.x / 32;
-    const int mcol = blockIdx.x * COLS + mx;
-    float n = 0.f, mean = 0.f, m2 = 0.f;
-    if (mcol < N) {
-        for (int p = my; p < (int)gridDim.y; p += LaneMerge::LANES) {
-            const size_t at = (size_t)p * N + mcol;  // __ldcg: from L2, never a stale L1 line
-            af_chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
-        }
-    }
-    merge.run(n, mean, m2, mx, my);
-    if (my == 0 && mcol < N) {
-        col_mean[mcol] = mean;
-        col_coef[mcol] = bn_column_finish(mcol, n, mean, m2, params);
-    }
-    if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;  // ready for reuse: the caller zeroes the buffer only once
+    finish_chunk<VEC, COLS>(s1, s2, shift, red, merge, last, r1 - r0, N, part_count, part_mean, part_m2, arrivals,
+                            col_mean, col_coef, params);
 }
 
 // z ← (z − μ_z)·coef + β in place: COLS/VEC threads per row, NORM_UNROLL rows loaded per thread
@@ -450,14 +473,9 @@ bn_normalize(const T* z, T* out, const float* __restrict__ col_mean, const float
 // The chunks of rows are stat_chunks', so column_stats_bf16_lines has half the blocks it aims for.
 constexpr int LINE_COLS = 64, NORM_LINE_UNROLL = 4;  // 8 rows a thread: 80 registers, no faster
 
-// Eight loaded elements as y2 = bfloat16(y·s), as model_values_of.
-__device__ __forceinline__ void model_values_of8(uint4 q, const __nv_bfloat162 (&s)[4], float (&v)[8]) {
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&q);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const float2 f = __bfloat1622float2(__hmul2(pairs[k], s[k]));
-        v[2 * k] = f.x, v[2 * k + 1] = f.y;
-    }
+// Eight loaded elements as y2 = bfloat16(y·s), as the four above.
+__device__ __forceinline__ void model_values_of(uint4 q, const __nv_bfloat162 (&s)[4], float (&v)[8]) {
+    model_values_of<4>(reinterpret_cast<const __nv_bfloat162*>(&q), s, v);
 }
 
 __device__ __forceinline__ void load_scale_pairs(const bf16* scale, int c0, __nv_bfloat162 (&s)[4]) {
@@ -486,7 +504,7 @@ column_stats_bf16_lines(const bf16* __restrict__ z, int M, int N, int chunk_rows
     if (c0 < N && r0 < r1) {
         __nv_bfloat162 sc[4];
         load_scale_pairs(params.scale, c0, sc);
-        model_values_of8(*reinterpret_cast<const uint4*>(z + (size_t)r0 * N + c0), sc, k);
+        model_values_of(*reinterpret_cast<const uint4*>(z + (size_t)r0 * N + c0), sc, k);
         for (int r = r0 + ly; r < r1; r += STATS_UNROLL * LANES) {
             uint4 raw[STATS_UNROLL];
 #pragma unroll
@@ -496,7 +514,7 @@ column_stats_bf16_lines(const bf16* __restrict__ z, int M, int N, int chunk_rows
             for (int u = 0; u < STATS_UNROLL; ++u)
                 if (r + u * LANES < r1) {
                     float v[V];
-                    model_values_of8(raw[u], sc, v);
+                    model_values_of(raw[u], sc, v);
 #pragma unroll
                     for (int j = 0; j < V; ++j) {
                         const float d = v[j] - k[j];
@@ -510,40 +528,8 @@ column_stats_bf16_lines(const bf16* __restrict__ z, int M, int N, int chunk_rows
             for (int j = 0; j < V; ++j) shift[cx * V + j] = k[j];
         }
     }
-    const float sum1 = strip_sum<V, C>(s1, red);  // its barriers also publish shift[]
-    const float sum2 = strip_sum<V, C>(s2, red);
-    const int col = blockIdx.x * C + threadIdx.x;  // meaningful for threadIdx.x < C
-    if (threadIdx.x < C && col < N) {
-        const float n = (float)(r1 - r0);
-        const float mean_d = sum1 / n;
-        const float m2 = sum2 - sum1 * mean_d;
-        const size_t at = (size_t)blockIdx.y * N + col;
-        part_count[at] = n;
-        part_mean[at] = shift[threadIdx.x] + mean_d;
-        part_m2[at] = m2 < 0.f ? 0.f : m2;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&arrivals[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    const int mx = threadIdx.x % 32, my = threadIdx.x / 32;
-    for (int half = 0; half < C / 32; ++half) {  // LaneMerge takes 32 columns at a time
-        const int mcol = blockIdx.x * C + half * 32 + mx;
-        float n = 0.f, mean = 0.f, m2 = 0.f;
-        if (mcol < N) {
-            for (int p = my; p < (int)gridDim.y; p += LaneMerge::LANES) {
-                const size_t at = (size_t)p * N + mcol;
-                af_chan_merge(n, mean, m2, __ldcg(part_count + at), __ldcg(part_mean + at), __ldcg(part_m2 + at));
-            }
-        }
-        merge.run(n, mean, m2, mx, my);
-        if (my == 0 && mcol < N) {
-            col_mean[mcol] = mean;
-            col_coef[mcol] = bn_column_finish(mcol, n, mean, m2, params);
-        }
-    }
-    if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;
+    finish_chunk<V, C>(s1, s2, shift, red, merge, last, r1 - r0, N, part_count, part_mean, part_m2, arrivals, col_mean,
+                       col_coef, params);
 }
 
 // bn_normalize over 64-column strips, NORM_LINE_UNROLL rows a thread.
@@ -569,7 +555,7 @@ bn_normalize_bf16_lines(const bf16* z, bf16* out, const float* __restrict__ col_
     for (int u = 0; u < NORM_LINE_UNROLL; ++u) {
         if (first + u * LANES >= M) continue;
         float v[V];
-        model_values_of8(raw[u], sc, v);
+        model_values_of(raw[u], sc, v);
         uint4 q;
         __nv_bfloat162* outs = reinterpret_cast<__nv_bfloat162*>(&q);
 #pragma unroll

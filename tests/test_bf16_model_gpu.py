@@ -159,7 +159,7 @@ def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_compu
         for params in configs[:1] + [c for c in configs if c.get("items") == 0][:1]:
             assert_variant_conforms(problem, "cublas_epilogue", device="cuda", precision="bf16", params=params,
                                     dtype=torch.bfloat16, shapes=[shape])
-    for sizes in ((1024, 8192, 8192), (37, 1004, 777)):
+    for sizes in ((1024, 8192, 8192), (37, 1004, 777), (200, 1000, 1000)):  # 99's gelu table from 160 rows
         shape = dict(zip(prob.dims, sizes))
         for params in cls.configs_for(shape, "cuda", "bf16")[:2]:
             for dist in ("rand", "randn"):
@@ -221,3 +221,31 @@ def test_clamp_lse_mish_bfloat16_rows_follow_the_reference_in_every_form(block):
             same = (got == want) | (got.isnan() & want.isnan())
             assert (got.isnan() == want.isnan()).all(), (n, s, lo, hi, got[:6].flatten(), want[:6].flatten())
             assert (~same).sum().item() <= 2, (n, s, lo, hi, (~same).nonzero()[:4].flatten().tolist())
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_gelu_tables_lookup_is_the_computed_value_for_every_bfloat16_input():
+    """99's table of a bfloat16 model's gelu (bf16_table.cuh) against computing it, bit for bit,
+    on all 65536 bfloat16 inputs: those in the table and those it leaves to compute (zeros,
+    subnormals, large values, ±inf, NaN). The computed value is also torch's own bfloat16 gelu,
+    within one bfloat16 step, so a table filled with the wrong function fails too. Two
+    configurations, two libraries in one process: each fills its own table."""
+    cls = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    shape = dict(zip(registry.get_problem("matmul_gelu_softmax").dims, (1024, 8192, 8192)))
+    for params in cls.configs_for(shape, "cuda", "bf16")[:2]:
+        variant = cls("bf16", **params)
+        by_table, computed = torch.empty_like(x), torch.empty_like(x)
+        variant.launch("af_gelu_bf16", x, by_table, x.numel(), 1, device=x.device)
+        variant.launch("af_gelu_bf16", x, computed, x.numel(), 0, device=x.device)
+        torch.cuda.synchronize()
+        differ = (by_table.view(torch.int16) != computed.view(torch.int16)).nonzero().flatten()
+        assert differ.numel() == 0, (params, differ.numel(), x[differ[:4]].tolist(), by_table[differ[:4]].tolist())
+    want = torch.nn.functional.gelu(x)
+    nan, inf = want.isnan(), want.isinf()
+    assert torch.equal(nan, computed.isnan()) and torch.equal(inf, computed.isinf())
+    assert torch.equal(want[inf], computed[inf])
+    finite = ~(nan | inf)
+    err = (computed[finite].float() - want[finite].float()).abs() / (want[finite].float().abs() + 2**-120)
+    assert err.max().item() <= 2**-8, err.max().item()

@@ -5,6 +5,8 @@ configuration at an odd shape; cuda_templated also builds a representative sprea
 """
 
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 from helpers import PROBLEMS
@@ -51,6 +53,26 @@ def test_every_cuda_variant_and_a_spread_of_templated_configs_compile(sm90):
     results = build_many(list(builds))
     failures = {builds[kb]: str(r)[-1500:] for kb, r in results.items() if isinstance(r, BuildError)}
     assert not failures, failures
+
+
+@pytest.mark.nvcc
+def test_no_kernel_library_shares_a_symbol_with_the_others(sm90):
+    """Every configuration is its own library, loaded side by side in one process. A GNU-unique
+    symbol (a static local of a template function with external linkage) binds to one copy across
+    all of them: bf16_table.cuh's fill-once flags were one, and the second configuration's library
+    read a table nobody had filled. Each CUDA variant's default build holds none."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("needs readelf (binutils)")
+    builds = []
+    for problem, _, cls in cuda_variants():
+        shape = dict(zip(registry.get_problem(problem).dims, ODD))
+        builds.append(cls("fp32", **cls.configs(shape, "cuda")[0]).kernel_build("cuda"))
+    for kb, library in build_many(builds).items():
+        assert not isinstance(library, BuildError), str(library)[-1500:]
+        symbols = subprocess.run([readelf, "-Ws", str(library)], capture_output=True, text=True, check=True).stdout
+        unique = [line.split()[-1] for line in symbols.splitlines() if " UNIQUE " in line]
+        assert not unique, (kb.source.name, unique[:4])
 
 
 @pytest.mark.nvcc

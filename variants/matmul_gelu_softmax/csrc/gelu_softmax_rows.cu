@@ -7,6 +7,7 @@
 // kernel rounds where the model's bfloat16 reference stores a tensor: gelu(y) is rounded to
 // bfloat16 before the softmax reads it, and the softmax is written in bfloat16 (float32
 // inside, as torch's). So the output is the reference's up to the order of the row's sum.
+// That rounded gelu is a function of y's 16 bits: on many rows, a table gives it.
 //
 // ITEMS > 0, rows of at most BLOCK·ITEMS: the row stays in registers, ITEMS values a thread,
 // loaded 16 bytes at a time: one read of y (every load issued before any is used), the block's
@@ -18,6 +19,7 @@
 //
 // NaN and ±inf as torch.softmax: a NaN in a row makes the whole row NaN, so does a +inf
 // (inf − inf in the shifted exponent).
+#include "bf16_table.cuh"
 #include "math.cuh"
 #include "rows.cuh"
 
@@ -132,11 +134,102 @@ __global__ void __launch_bounds__(BLOCK) gelu_softmax_resident(const T* y, const
     }
 }
 
+// A bfloat16 model's gelu(y), rounded as the reference stores it, by table (bf16_table.cuh):
+// |y| in [2^-12, 16), both signs, 8 KB; outside it (|y| < 2^-12, where gelu is about y/2, and
+// |y| ≥ 16, where it is y or −0) the lookup computes it. Every block stages the table, which
+// costs more than it saves on few rows: 1024×8192 on an H200, block 256 × 32 items, 16.1 µs
+// against 19.7 (Nsight Compute: 7.9 million warp instructions against 12.6); 512 rows 10.5
+// against 12.0, 200 rows 7.5 against 8.1, but 100 rows 6.7 against 6.3 and 37 rows 6.6 against
+// 6.2. Hence TABLE_ROWS. (22's row kernel did not gain from one: see its source.)
+using GeluTable = Bf16Table<127 - 12, 127 + 4>;
+constexpr int TABLE_ROWS = 160;  // from this many rows on
+__device__ uint4 gelu_table[GeluTable::SIZE / 8];
+struct Gelu {
+    __device__ float operator()(float v) const { return af_gelu(v); }
+};
+
+// gelu_softmax_resident for a bfloat16 model's whole 16-byte rows: the same steps, gelu by
+// table. Thread t holds pieces (k·BLOCK + t) as loaded, 8 bfloat16 values each.
+template <int CHUNKS>
+__global__ void __launch_bounds__(BLOCK)
+gelu_softmax_resident_bf16(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ out, int N) {
+    __shared__ float red[BLOCK / 32];
+    __shared__ uint4 table[GeluTable::SIZE / 8];
+    const uint4* row = reinterpret_cast<const uint4*>(y + (size_t)blockIdx.x * N);
+    const int n_vec = N / 8;
+    uint4 q[CHUNKS];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int i = k * BLOCK + threadIdx.x;
+        if (i < n_vec) q[k] = row[i];
+    }
+    GeluTable::stage(gelu_table, table);
+    __syncthreads();
+    const auto* lookup = reinterpret_cast<const unsigned short*>(table);
+    float v[8 * CHUNKS];
+    float m = -INFINITY;
+    bool nan = false;  // fmaxf drops a NaN
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        if (k * BLOCK + (int)threadIdx.x < n_vec) {
+            const unsigned words[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+            bool miss = false;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                v[8 * k + 2 * w] = GeluTable::lookup(words[w] & 0xffffu, lookup, miss);
+                v[8 * k + 2 * w + 1] = GeluTable::lookup(words[w] >> 16, lookup, miss);
+            }
+            if (miss) {  // rare: a y the table does not hold (only a computed gelu can be NaN)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    v[8 * k + 2 * w] = GeluTable::apply(words[w] & 0xffffu, lookup, Gelu());
+                    v[8 * k + 2 * w + 1] = GeluTable::apply(words[w] >> 16, lookup, Gelu());
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) nan |= isnan(v[8 * k + i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) m = fmaxf(m, v[8 * k + i]);
+        }
+    }
+    m = af_block_max<BLOCK>(m, red);
+    if (__syncthreads_or(nan)) m = NAN;  // torch's softmax row is all NaN
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        if (k * BLOCK + (int)threadIdx.x < n_vec) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                v[8 * k + i] = expf(v[8 * k + i] - m);
+                s += v[8 * k + i];
+            }
+        }
+    }
+    const float inv = 1.f / af_block_sum<BLOCK>(s, red);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int i = k * BLOCK + threadIdx.x;
+        if (i < n_vec) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[8 * k + j] *= inv;
+            af_store_floats<8>(out + (size_t)blockIdx.x * N + 8 * i, &v[8 * k]);
+        }
+    }
+}
+
 template <typename T, typename OutT>
 int launch_rows(const T* y, const float* bias, OutT* out, int M, int N, cudaStream_t stream) {
     constexpr int W = af_vec_width<T>;
     if constexpr (ITEMS > 0) {
         if (N <= BLOCK * ITEMS) {
+            if constexpr (sizeof(OutT) == 2) {  // a bfloat16 model's
+                if (M >= TABLE_ROWS && N % 8 == 0 && af_aligned16(y, out)) {
+                    unsigned short* table = nullptr;
+                    if (const int err = af_bf16_table<GeluTable>(gelu_table, Gelu(), stream, table)) return err;
+                    gelu_softmax_resident_bf16<ITEMS / 8><<<M, BLOCK, 0, stream>>>(y, out, N);
+                    AF_CHECK_LAUNCH();
+                }
+            }
             if (N % W == 0 && af_aligned16(y, bias, out)) {
                 gelu_softmax_resident<T, OutT, W><<<M, BLOCK, 0, stream>>>(y, bias, out, N);
             } else {
@@ -169,4 +262,9 @@ AF_EXPORT int af_gelu_softmax_rows(const void* y, int y_bf16, const float* bias,
     }
     if (y_bf16) return launch_rows(y16, bias, static_cast<float*>(out), M, N, stream);
     return launch_rows(static_cast<const float*>(y), bias, static_cast<float*>(out), M, N, stream);
+}
+
+// out = bfloat16(gelu(x)) for n bfloat16 values, by the table (by_table) or computed: for tests.
+AF_EXPORT int af_gelu_bf16(const void* x, void* out, int n, int by_table, cudaStream_t stream) {
+    return af_apply_bf16<GeluTable>(gelu_table, Gelu(), x, out, n, by_table, stream);
 }

@@ -180,6 +180,10 @@ clamp_lse_mish_rows_bf16(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __r
 // slots busy, the ALU pipe the busiest (42%), expf's 8 instructions an element the largest share.
 // Holding the row in registers instead (4 or 8 uint4 a thread) was as fast at 1024 rows and 3%
 // slower at 37; forcing one wave of all 1024 rows (32 registers, full occupancy) was no faster.
+// Nor was reading bf16(exp(d)) from a table of the bfloat16 d (bf16_table.cuh, as 99's gelu):
+// 5.3 million instructions against 6.0, but 12.4-14.1 µs against 11.8-12.0 (block 256; at 37
+// rows 5.6 against 4.9, H200); the issue slots were then 45-48% busy against 65%: waiting on the
+// lookups took the place of the instructions saved (stall reasons not measured).
 template <bool STAGED>
 __global__ void __launch_bounds__(BLOCK)
 clamp_lse_mish_rows_bf16_packed(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ out, int N,

@@ -16,8 +16,8 @@ y = linear(x) as its reference computes it (cuBLAS's bfloat16 output, the bias i
 then the same kernel rounds gelu(y) to bfloat16, as the reference stores it before the softmax
 reads it, and writes the softmax in bfloat16. The time is the bfloat16 GEMM's plus one read and
 one write of the (batch × out) bfloat16 logits, where the reference makes two of each. From 160
-rows on, that rounded gelu comes from a table indexed by y's 16 bits (the kernel
-was bound by issue slots; see the source).
+rows on, that rounded gelu comes from a table indexed by y's 16 bits (the kernel was bound by
+issue slots; see the source).
 Kernel: csrc/gelu_softmax_rows.cu.
 """
 

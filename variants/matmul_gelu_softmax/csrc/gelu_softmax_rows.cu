@@ -75,6 +75,38 @@ __global__ void __launch_bounds__(BLOCK) gelu_softmax_stream_bf16(const __nv_bfl
     }
 }
 
+// The rest of a resident row once v holds its gelu values, m their max over this thread and nan
+// whether one was NaN: the block's max, v ← exp(v − max) and its sum, then v/Σ written to the
+// row of out. Thread t holds piece k, elements [(k·BLOCK + t)·V, +V), where it starts before N.
+template <int CHUNKS, int V, typename OutT>
+__device__ __forceinline__ void softmax_resident(float (&v)[CHUNKS * V], float m, bool nan, OutT* out, int N,
+                                                 float* red) {
+    m = af_block_max<BLOCK>(m, red);
+    if (__syncthreads_or(nan)) m = NAN;  // fmaxf dropped it; torch's softmax row is all NaN
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int c = (k * BLOCK + threadIdx.x) * V;
+        if (c < N) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                v[k * V + i] = expf(v[k * V + i] - m);
+                s += v[k * V + i];
+            }
+        }
+    }
+    const float inv = 1.f / af_block_sum<BLOCK>(s, red);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+        const int c = (k * BLOCK + threadIdx.x) * V;
+        if (c < N) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) v[k * V + i] *= inv;
+            af_store_floats<V>(out + c, &v[k * V]);
+        }
+    }
+}
+
 // Thread t holds elements [(k·BLOCK + t)·V, +V) for k < ITEMS/V: each load instruction of a
 // warp reads consecutive 16-byte pieces. V > 1 only when N % V == 0 and the pointers are
 // 16-byte aligned (the launcher checks), so a piece is either wholly in the row or wholly out.
@@ -108,30 +140,7 @@ __global__ void __launch_bounds__(BLOCK) gelu_softmax_resident(const T* y, const
             }
         }
     }
-    m = af_block_max<BLOCK>(m, red);
-    if (__syncthreads_or(nan)) m = NAN;  // fmaxf dropped it; torch's softmax row is all NaN
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int c = (k * BLOCK + threadIdx.x) * V;
-        if (c < N) {
-#pragma unroll
-            for (int i = 0; i < V; ++i) {
-                v[k * V + i] = expf(v[k * V + i] - m);
-                s += v[k * V + i];
-            }
-        }
-    }
-    const float inv = 1.f / af_block_sum<BLOCK>(s, red);
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int c = (k * BLOCK + threadIdx.x) * V;
-        if (c < N) {
-#pragma unroll
-            for (int i = 0; i < V; ++i) v[k * V + i] *= inv;
-            af_store_floats<V>(out + base + c, &v[k * V]);
-        }
-    }
+    softmax_resident<CHUNKS, V>(v, m, nan, out + base, N, red);
 }
 
 // A bfloat16 model's gelu(y), rounded as the reference stores it, by table (bf16_table.cuh):
@@ -192,29 +201,7 @@ gelu_softmax_resident_bf16(const __nv_bfloat16* __restrict__ y, __nv_bfloat16* _
             for (int i = 0; i < 8; ++i) m = fmaxf(m, v[8 * k + i]);
         }
     }
-    m = af_block_max<BLOCK>(m, red);
-    if (__syncthreads_or(nan)) m = NAN;  // torch's softmax row is all NaN
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        if (k * BLOCK + (int)threadIdx.x < n_vec) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                v[8 * k + i] = expf(v[8 * k + i] - m);
-                s += v[8 * k + i];
-            }
-        }
-    }
-    const float inv = 1.f / af_block_sum<BLOCK>(s, red);
-#pragma unroll
-    for (int k = 0; k < CHUNKS; ++k) {
-        const int i = k * BLOCK + threadIdx.x;
-        if (i < n_vec) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[8 * k + j] *= inv;
-            af_store_floats<8>(out + (size_t)blockIdx.x * N + 8 * i, &v[8 * k]);
-        }
-    }
+    softmax_resident<CHUNKS, 8>(v, m, nan, out + (size_t)blockIdx.x * N, N, red);
 }
 
 template <typename T, typename OutT>

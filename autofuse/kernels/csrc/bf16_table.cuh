@@ -72,12 +72,14 @@ __global__ void af_fill_bf16_table(unsigned short* table, F f) {
 // first's, and read zeros.
 namespace {
 
-// Fill a __device__ table on the current device, once per process (per device); later calls
-// return at once. The first fill waits for its kernel, so every stream sees a full table after
-// it. Under stream capture the fill is captured instead (a captured graph fills the table
-// before its own reads at each replay) and stays pending until a plain call makes it.
-template <typename Table, typename F>
-int af_fill_once(unsigned short* table, F f, cudaStream_t stream) {
+// Fill the __device__ array `symbol` holding Table on the current device, once per process (per
+// device); later calls return at once, before any other runtime call than cudaGetDevice: the row
+// kernels read the symbol directly, so its address is looked up for the fill alone. The first
+// fill waits for its kernel, so every stream sees a full table after it. Under stream capture the
+// fill is captured instead (a captured graph fills the table before its own reads at each replay)
+// and stays pending until a plain call makes it.
+template <typename Table, typename F, typename Symbol>
+int af_fill_once(const Symbol& symbol, F f, cudaStream_t stream) {
     constexpr int MAX_DEVICES = 64;
     static std::mutex lock;
     static bool filled[MAX_DEVICES] = {};
@@ -87,7 +89,9 @@ int af_fill_once(unsigned short* table, F f, cudaStream_t stream) {
     if (device >= MAX_DEVICES) return (int)cudaErrorInvalidDevice;
     const std::lock_guard<std::mutex> guard(lock);
     if (filled[device]) return 0;
-    af_fill_bf16_table<Table><<<af_ceil_div(Table::SIZE, 256), 256, 0, stream>>>(table, f);
+    void* table = nullptr;
+    if ((err = cudaGetSymbolAddress(&table, symbol)) != cudaSuccess) return (int)err;
+    af_fill_bf16_table<Table><<<af_ceil_div(Table::SIZE, 256), 256, 0, stream>>>(static_cast<unsigned short*>(table), f);
     if ((err = cudaGetLastError()) != cudaSuccess) return (int)err;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if ((err = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess) return (int)err;
@@ -95,16 +99,6 @@ int af_fill_once(unsigned short* table, F f, cudaStream_t stream) {
     if ((err = cudaStreamSynchronize(stream)) != cudaSuccess) return (int)err;
     filled[device] = true;
     return 0;
-}
-
-// The address of the __device__ array `symbol` holding Table, filled (af_fill_once).
-template <typename Table, typename F, typename Symbol>
-int af_bf16_table(const Symbol& symbol, F f, cudaStream_t stream, unsigned short*& table) {
-    void* address = nullptr;
-    const cudaError_t err = cudaGetSymbolAddress(&address, symbol);
-    if (err != cudaSuccess) return (int)err;
-    table = static_cast<unsigned short*>(address);
-    return af_fill_once<Table>(table, f, stream);
 }
 
 template <typename Table, typename F>
@@ -121,11 +115,13 @@ __global__ void af_apply_bf16_table(const unsigned short* x, unsigned short* out
 template <typename Table, typename F, typename Symbol>
 int af_apply_bf16(const Symbol& symbol, F f, const void* x, void* out, int n, int by_table, cudaStream_t stream) {
     if (n <= 0) return n == 0 ? 0 : (int)cudaErrorInvalidValue;
-    unsigned short* table = nullptr;
-    const int err = af_bf16_table<Table>(symbol, f, stream, table);
+    int err = af_fill_once<Table>(symbol, f, stream);
     if (err) return err;
+    void* table = nullptr;
+    if ((err = (int)cudaGetSymbolAddress(&table, symbol))) return err;
     af_apply_bf16_table<Table><<<af_ceil_div(n, 256), 256, 0, stream>>>(static_cast<const unsigned short*>(x),
-                                                                          static_cast<unsigned short*>(out), n, table,
+                                                                          static_cast<unsigned short*>(out), n,
+                                                                          static_cast<const unsigned short*>(table),
                                                                           f, by_table != 0);
     AF_CHECK_LAUNCH();
 }

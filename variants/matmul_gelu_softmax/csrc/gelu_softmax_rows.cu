@@ -211,8 +211,7 @@ int launch_rows(const T* y, const float* bias, OutT* out, int M, int N, cudaStre
         if (N <= BLOCK * ITEMS) {
             if constexpr (sizeof(OutT) == 2) {  // a bfloat16 model's
                 if (M >= TABLE_ROWS && N % 8 == 0 && af_aligned16(y, out)) {
-                    unsigned short* table = nullptr;
-                    if (const int err = af_bf16_table<GeluTable>(gelu_table, Gelu(), stream, table)) return err;
+                    if (const int err = af_fill_once<GeluTable>(gelu_table, Gelu(), stream)) return err;
                     gelu_softmax_resident_bf16<ITEMS / 8><<<M, BLOCK, 0, stream>>>(y, out, N);
                     AF_CHECK_LAUNCH();
                 }

@@ -5,7 +5,7 @@ import torch
 
 from autofuse import InputError
 from autofuse.core import registry
-from autofuse.kernels.cuda_variant import CudaVariant, input_operand, operand
+from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, input_operand, operand
 
 
 def test_input_contract_names_expected_and_got():
@@ -84,6 +84,24 @@ def test_cublas_epilogue_refuses_a_bfloat16_model_that_needs_gradients(problem):
     model = prob.build_model(shape).bfloat16()
     with pytest.raises(InputError, match="without gradients only"):
         cls("bf16")(model, torch.rand(4, 16, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(("x", "match"), [
+    (torch.rand(2, 3, 16, dtype=torch.bfloat16), r"expected a 2-D input \(batch, 16\)"),
+    (torch.rand(2, 16, dtype=torch.bfloat16), "expected a CUDA input, got one on cpu"),
+])
+def test_a_bfloat16_models_linear_names_what_is_wrong_before_any_launch(x, match):
+    """Its fast path (F.linear checking devices and shapes) takes only a bfloat16 CUDA matrix; any
+    other input is checked operand by operand (on the GPU: test_bf16_model_gpu.py)."""
+    variant = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")("bf16")
+    linear = torch.nn.Linear(16, 8).bfloat16().requires_grad_(False)
+    with pytest.raises(InputError, match=match):
+        bfloat16_model_linear(variant, x, linear, "linear")
+    linear.requires_grad_(True)
+    with pytest.raises(InputError, match="without gradients only"):
+        bfloat16_model_linear(variant, torch.rand(2, 16, dtype=torch.bfloat16), linear, "linear")
+    with torch.no_grad(), pytest.raises(InputError, match=match):
+        bfloat16_model_linear(variant, x, linear, "linear")
 
 
 class _FakeLibrary:

@@ -23,6 +23,8 @@ from autofuse.kernels import build as builder
 from autofuse.kernels.autograd import needs_grad
 from autofuse.kernels.gemm_space import blocked_gemm_configs
 
+_is_grad_enabled = torch.is_grad_enabled  # the bfloat16 model's hot path reads it once a call
+
 _ARG_TYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float, "stream": ctypes.c_void_p}
 
 
@@ -150,12 +152,31 @@ def bfloat16_model_linear(variant: Variant, x: torch.Tensor, linear, name: str) 
     bias added in its epilogue, so an epilogue kernel starts from the reference's own tensor.
     InputError where a gradient is needed (the cuBLAS + epilogue variants' backward takes float32
     tensors; ``admits`` leaves a bfloat16 model's autograd keys to the triton variants) or the
-    operands are not a bfloat16 model's; ``name`` is the Linear's attribute in the model."""
-    refuse_bfloat16_gradients(variant, x, linear.weight, linear.bias)
-    dtype, (n_out, n_in) = torch.bfloat16, linear.weight.shape
-    x = input_operand(x, n_in, dtype)
-    w = operand(linear.weight, f"{name}.weight", (n_out, n_in), x.device, dtype)
-    bias = None if linear.bias is None else operand(linear.bias, f"{name}.bias", (n_out,), x.device, dtype)
+    operands are not a bfloat16 model's; ``name`` is the Linear's attribute in the model.
+
+    The GEMM is launched after as few checks as keep it right (grad need, the three dtypes, a
+    CUDA matrix); the GEMM checks the devices and the shapes itself, and only when it refuses are
+    the operands checked one by one, to say which is wrong. A call timed from an idle GPU
+    (KernelBench's harness) waits for the host up to the GEMM's launch: the checks of every
+    operand (``operand``: a detach, a shape tuple, a device compare each) had made that 56 µs
+    against the reference's 12.6 (H200's host, 99 at 1024 rows; F.linear itself 52-56 in both).
+    With a bias the GEMM is ``addmm(bias, x, weight.t())``, which is what F.linear calls for a
+    matrix (at::linear), so the result is the same tensor; F.linear's own host time was 38.4 µs
+    against addmm's 30.7 (medians, the GPU idle before each call, same machine).
+    """
+    weight, bias = linear.weight, linear.bias
+    if _is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        refuse_bfloat16_gradients(variant, x, weight, bias)
+    bf16 = torch.bfloat16
+    if x.dtype is bf16 and weight.dtype is bf16 and (bias is None or bias.dtype is bf16) and x.is_cuda and x.dim() == 2:
+        try:  # with a bias, at::linear's own call for a matrix, without its wrapper's host time
+            return F.linear(x, weight) if bias is None else torch.addmm(bias, x, weight.t())
+        except RuntimeError:
+            pass  # a device or a shape that does not fit: said below, naming the operand
+    n_out, n_in = weight.shape
+    x = input_operand(x, n_in, bf16)
+    w = operand(weight, f"{name}.weight", (n_out, n_in), x.device, bf16)
+    bias = None if bias is None else operand(bias, f"{name}.bias", (n_out,), x.device, bf16)
     return F.linear(x, w, bias)
 
 

@@ -115,7 +115,8 @@ class CublasEpilogueGemmBn(CudaVariant):
 
     def forward(self, model, x):
         if model.gemm.weight.dtype == torch.bfloat16:
-            refuse_bfloat16_gradients(self, x, *model.parameters())
+            if torch.is_grad_enabled():  # walking the parameters is host time before the GEMM's launch
+                refuse_bfloat16_gradients(self, x, *model.parameters())
             if uses_batch_statistics(model.bn):
                 return self._train_bfloat16_model(model, x)
             return self._eval(model, x, torch.bfloat16)

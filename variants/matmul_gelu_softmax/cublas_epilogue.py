@@ -62,9 +62,10 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
         return row_configs(shape["out_features"])
 
     def forward(self, model, x):
-        if model.linear.weight.dtype != torch.bfloat16:
+        linear = model.linear
+        if linear.weight.dtype is not torch.bfloat16:
             return super().forward(model, x)
-        y = bfloat16_model_linear(self, x, model.linear, "linear")
+        y = bfloat16_model_linear(self, x, linear, "linear")
         out = torch.empty_like(y)
         self.launch("af_gelu_softmax_rows", y, 1, None, out, 1, *y.shape, device=y.device)
         return out

@@ -61,7 +61,8 @@ from autofuse.kernels.cuda_variant import (
 # Shared memory a strip may take: configs() sees no device, so this stays under H100's opt-in
 # limit per block (227 KB) with room for the kernel's reduction buffers (at most 4.5 KB); a
 # device that allows less (A100: 163 KB) falls back to the two kernels at run time
-# (af_bn_strip_fits), still correct.
+# (af_bn_strip_fits), still correct. The bounds below are a float32 model's strips (4 bytes an
+# element); a bfloat16 model's hold its bfloat16 values, half of that (bn_epilogue.cu, strip_bytes).
 STRIP_BYTES = 200 * 1024
 STRIP_EXTRA_BYTES = 1024 + 4608  # per block: the 1 KB the SM reserves, the kernel's reduction buffers
 SM_SHARED_BYTES = 228 * 1024  # per SM on H100

@@ -180,14 +180,14 @@ def test_a_bfloat16_models_linear_is_f_linear_on_any_strides_and_names_a_wrong_o
     included: the reference's own tensor, bit for bit); where F.linear refuses (a device or a
     shape), the InputError names the operand, as the checks before the fast path did."""
     from autofuse.errors import InputError
-    from autofuse.kernels.cuda_variant import bfloat16_model_linear
+    from autofuse.kernels.cuda_variant import bfloat16_model_linear, linear_parameters
 
     variant = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")("bf16")
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48).cuda().bfloat16().requires_grad_(False)
     x = torch.randn(74, 128, device="cuda").bfloat16()[::2, 3:67]  # 37 × 64, strides (256, 1)
     want = torch.nn.functional.linear(x, linear.weight, linear.bias)
-    assert torch.equal(bfloat16_model_linear(variant, x, linear, "linear"), want)
+    assert torch.equal(bfloat16_model_linear(variant, x, *linear_parameters(linear), "linear"), want)
     cases = [(x.float(), {}, "input: expected bfloat16, got float32"),
              (x[:, :63], {}, r"input: expected shape \(37, 64\), got \(37, 63\)"),
              (x, {"bias": torch.zeros(47, device="cuda", dtype=torch.bfloat16)},
@@ -198,7 +198,7 @@ def test_a_bfloat16_models_linear_is_f_linear_on_any_strides_and_names_a_wrong_o
         for name, value in swapped.items():
             setattr(wrong, name, torch.nn.Parameter(value, requires_grad=False))
         with pytest.raises(InputError, match=match):
-            bfloat16_model_linear(variant, x_case, wrong, "linear")
+            bfloat16_model_linear(variant, x_case, *linear_parameters(wrong), "linear")
 
 
 def _clamp_lse_mish_chain(y: torch.Tensor, s: float, lo: float, hi: float) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 
 from autofuse import InputError
 from autofuse.core import registry
-from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, input_operand, operand
+from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, input_operand, linear_parameters, operand
 
 
 def test_input_contract_names_expected_and_got():
@@ -96,12 +96,12 @@ def test_a_bfloat16_models_linear_names_what_is_wrong_before_any_launch(x, match
     variant = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")("bf16")
     linear = torch.nn.Linear(16, 8).bfloat16().requires_grad_(False)
     with pytest.raises(InputError, match=match):
-        bfloat16_model_linear(variant, x, linear, "linear")
+        bfloat16_model_linear(variant, x, *linear_parameters(linear), "linear")
     linear.requires_grad_(True)
     with pytest.raises(InputError, match="without gradients only"):
-        bfloat16_model_linear(variant, torch.rand(2, 16, dtype=torch.bfloat16), linear, "linear")
+        bfloat16_model_linear(variant, torch.rand(2, 16, dtype=torch.bfloat16), *linear_parameters(linear), "linear")
     with torch.no_grad(), pytest.raises(InputError, match=match):
-        bfloat16_model_linear(variant, x, linear, "linear")
+        bfloat16_model_linear(variant, x, *linear_parameters(linear), "linear")
 
 
 class _FakeLibrary:

@@ -25,7 +25,7 @@ import torch
 
 from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
-from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands
+from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands, linear_parameters
 
 from . import gradients
 
@@ -62,10 +62,10 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
         return row_configs(shape["out_features"])
 
     def forward(self, model, x):
-        linear = model.linear
-        if linear.weight.dtype is not torch.bfloat16:
+        weight, bias = linear_parameters(model.linear)
+        if weight.dtype is not torch.bfloat16:
             return super().forward(model, x)
-        y = bfloat16_model_linear(self, x, linear, "linear")
+        y = bfloat16_model_linear(self, x, weight, bias, "linear")
         out = torch.empty_like(y)
         self.launch("af_gelu_softmax_rows", y, 1, None, out, 1, *y.shape, device=y.device)
         return out

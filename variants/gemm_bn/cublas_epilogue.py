@@ -40,6 +40,7 @@ import torch
 from autofuse.variants.gemm_bn import gradients
 from autofuse.variants.gemm_bn.cuda_fused import (
     TrainOperands,
+    batch_counter,
     eval_coefficients,
     eval_dependencies,
     momentum_factor,
@@ -100,7 +101,7 @@ class CublasEpilogueGemmBn(CudaVariant):
     description = ("train: cuBLAS GEMM, then the column strip held on chip (or statistics + normalize passes), "
                    "running stats, z normalised in place; eval: folded addmm")
     source = "csrc/bn_epilogue.cu"
-    launchers = {name: ("ptr",) * 14 + ("float", "float", "int", "int")
+    launchers = {name: ("ptr",) * 15 + ("float", "float", "int", "int")
                  for name in ("af_bn_train", "af_bn_train_bf16")}  # float32 model, bfloat16 model
     supports_autograd = True
     dtypes = (torch.float32, torch.bfloat16)
@@ -137,9 +138,10 @@ class CublasEpilogueGemmBn(CudaVariant):
         ops = TrainOperands.of(model, x, torch.bfloat16)
         lib = self.library(x.device)
         work = self._workspaces(lib, batch, n_out, x.device)
-        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        count = batch_counter(model.bn)  # the kernel adds this batch: no add_ kernel before it
+        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
         self.launch("af_bn_train_bf16", y, y, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
-                    ops.running_var, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
+                    ops.running_var, count, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
         return y
 
     def _workspaces(self, lib, batch, n_out, device):
@@ -166,9 +168,10 @@ class CublasEpilogueGemmBn(CudaVariant):
         z = linear(x, w, None, self.precision).contiguous()
         work = self._workspaces(lib, batch, n_out, x.device)
         out = torch.empty_like(z) if save else z
-        factor = momentum_factor(model.bn)  # the last step before launching: every check has passed
+        count = batch_counter(model.bn)  # the kernel adds this batch: no add_ kernel before it
+        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
         self.launch("af_bn_train", z, out, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
-                    ops.running_var, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
+                    ops.running_var, count, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
         return out, ((x, w, z, None, None, ops.scale, ops.gamma) if save else ())
 
     def _arrival_counters(self, device, strips):

@@ -49,9 +49,10 @@ def updates_running_stats(bn) -> bool:
 
 def batch_counter(bn) -> torch.Tensor | None:
     """num_batches_tracked where the kernel that updates the running statistics may add this batch
-    to it itself, or None: a replayed small-batch call then makes one launch less (the increment was
-    a kernel of its own, 1.3 µs and its gap beside a 50 µs GEMM on an H100). Not with
-    ``momentum=None``, whose factor is read from the count on the host."""
+    to it itself, or None: a call then makes one launch less (the increment was a kernel of its
+    own between the GEMM and the statistics, 1.3 µs and its gap beside a 50 µs GEMM on an H100;
+    triton's and cublas_epilogue's kernels take it). Not with ``momentum=None``, whose factor is
+    read from the count on the host."""
     counts = bn.training and bn.track_running_stats and bn.num_batches_tracked is not None
     return bn.num_batches_tracked if counts and bn.momentum is not None else None
 

@@ -183,9 +183,17 @@ struct BnParams {
     const T* gamma;
     T* running_mean;  // null with running_var: no running-statistics update
     T* running_var;
+    long long* count;  // BatchNorm's num_batches_tracked, which the kernel adds this batch to; null: the host counts
     float eps;
     float factor;
 };
+
+// Add this batch to BatchNorm's count, from one thread of the grid: where the count was a
+// kernel of its own (torch's add_), it sat between the GEMM and this one, 1.3 µs and its gap.
+template <typename T>
+__device__ __forceinline__ void count_batch(const BnParams<T>& p) {
+    if (p.count != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.count += 1;
+}
 
 // One column's final statistics: returns coef for the normalize step, and updates BatchNorm1d's
 // running statistics of y = (z + b)·s: mean s·(μ_z + b), unbiased variance s²·M2/(n − 1),
@@ -257,6 +265,7 @@ strip_bn(const T* z, T* out, int M, int N, const T* __restrict__ beta, BnParams<
     float* col_beta = col_coef + C;
     const int col0 = blockIdx.x * C;
     const int width = min(C, N - col0);  // columns of this strip inside z (a multiple of VEC)
+    count_batch(params);
 
     // 1. Load the strip: PER_ROW threads read one row's C columns (C·sizeof(T) bytes); four rows
     //    in flight per thread (8 or 16 were no faster: a bfloat16 model's 1024-row call on an
@@ -405,6 +414,7 @@ column_stats(const T* __restrict__ z, int M, int N, int chunk_rows, float* part_
              float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef, BnParams<T> params) {
     constexpr int PER_ROW = COLS / VEC, LANES = BLOCK / PER_ROW;
     __shared__ float red[WARPS][COLS];
+    count_batch(params);
     __shared__ float shift[COLS];
     __shared__ LaneMerge merge;
     __shared__ bool last;
@@ -500,6 +510,7 @@ column_stats_bf16_lines(const bf16* __restrict__ z, int M, int N, int chunk_rows
                         float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef,
                         BnParams<bf16> params) {
     constexpr int C = LINE_COLS, V = 8, PER_ROW = C / V, LANES = BLOCK / PER_ROW;
+    count_batch(params);
     __shared__ float red[WARPS][C];
     __shared__ float shift[C];
     __shared__ LaneMerge merge;
@@ -649,15 +660,16 @@ static int launch_two_kernels(const T* z, T* out, const T* beta, const BnParams<
 }
 
 // z (M×N) is normalised into out, which may be z itself (in place: each element is read before it is
-// written, by the same thread); running_mean/running_var may both be null (no update). With
+// written, by the same thread); running_mean/running_var may both be null (no update), and count
+// (num_batches_tracked, which one thread of the first kernel adds 1 to) null where the host counts. With
 // part_count null the strip kernel runs (the caller asked af_bn_strip_fits), and the other
 // workspaces may be null too; otherwise the two kernels run with them.
 template <typename T>
 static int bn_train(const T* z, T* out, const T* bias, const T* scale, const T* gamma, const T* beta, T* running_mean,
-                    T* running_var, float* part_count, float* part_mean, float* part_m2, unsigned int* arrivals,
+                    T* running_var, long long* count, float* part_count, float* part_mean, float* part_m2, unsigned int* arrivals,
                     float* col_mean, float* col_coef, float eps, float factor, int M, int N, cudaStream_t stream) {
     if (M == 0 || N == 0) return 0;  // nothing to launch (an empty grid is a launch error)
-    const BnParams<T> params{bias, scale, gamma, running_mean, running_var, eps, factor};
+    const BnParams<T> params{bias, scale, gamma, running_mean, running_var, count, eps, factor};
     // VEC = 4 along a row needs every row start aligned to 4 elements: N % 4 == 0 and aligned bases.
     constexpr std::uintptr_t ALIGN = 4 * sizeof(T);
     const bool vec = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(z) % ALIGN == 0 &&
@@ -674,18 +686,20 @@ static int bn_train(const T* z, T* out, const T* bias, const T* scale, const T* 
 }
 
 AF_EXPORT int af_bn_train(const float* z, float* out, const float* bias, const float* scale, const float* gamma,
-                          const float* beta, float* running_mean, float* running_var, float* part_count,
-                          float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean, float* col_coef,
-                          float eps, float factor, int M, int N, cudaStream_t stream) {
-    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, part_count, part_mean, part_m2,
-                    arrivals, col_mean, col_coef, eps, factor, M, N, stream);
+                          const float* beta, float* running_mean, float* running_var, long long* count,
+                          float* part_count, float* part_mean, float* part_m2, unsigned int* arrivals,
+                          float* col_mean, float* col_coef, float eps, float factor, int M, int N,
+                          cudaStream_t stream) {
+    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, count, part_count, part_mean,
+                    part_m2, arrivals, col_mean, col_coef, eps, factor, M, N, stream);
 }
 
 // A bfloat16 model's: z is linear's bfloat16 output with its bias (see the top), every tensor bfloat16.
 AF_EXPORT int af_bn_train_bf16(const bf16* z, bf16* out, const bf16* bias, const bf16* scale, const bf16* gamma,
-                               const bf16* beta, bf16* running_mean, bf16* running_var, float* part_count,
-                               float* part_mean, float* part_m2, unsigned int* arrivals, float* col_mean,
-                               float* col_coef, float eps, float factor, int M, int N, cudaStream_t stream) {
-    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, part_count, part_mean, part_m2,
-                    arrivals, col_mean, col_coef, eps, factor, M, N, stream);
+                               const bf16* beta, bf16* running_mean, bf16* running_var, long long* count,
+                               float* part_count, float* part_mean, float* part_m2, unsigned int* arrivals,
+                               float* col_mean, float* col_coef, float eps, float factor, int M, int N,
+                               cudaStream_t stream) {
+    return bn_train(z, out, bias, scale, gamma, beta, running_mean, running_var, count, part_count, part_mean,
+                    part_m2, arrivals, col_mean, col_coef, eps, factor, M, N, stream);
 }

@@ -176,9 +176,10 @@ def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_compu
 
 @pytest.mark.gpu
 def test_a_bfloat16_models_linear_is_f_linear_on_any_strides_and_names_a_wrong_operand():
-    """``bfloat16_model_linear`` launches F.linear on the operands as they are (a strided x
-    included: the reference's own tensor, bit for bit); where F.linear refuses (a device or a
-    shape), the InputError names the operand, as the checks before the fast path did."""
+    """``bfloat16_model_linear`` launches the GEMM F.linear makes (addmm with the bias) on the
+    operands as they are (a strided x included: the reference's own tensor, bit for bit); where
+    the GEMM refuses (a device or a shape), the InputError names the operand, as the checks
+    before the fast path did."""
     from autofuse.errors import InputError
     from autofuse.kernels.cuda_variant import bfloat16_model_linear, linear_parameters
 

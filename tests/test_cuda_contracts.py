@@ -91,7 +91,7 @@ def test_cublas_epilogue_refuses_a_bfloat16_model_that_needs_gradients(problem):
     (torch.rand(2, 16, dtype=torch.bfloat16), "expected a CUDA input, got one on cpu"),
 ])
 def test_a_bfloat16_models_linear_names_what_is_wrong_before_any_launch(x, match):
-    """Its fast path (F.linear checking devices and shapes) takes only a bfloat16 CUDA matrix; any
+    """Its fast path (the GEMM checking devices and shapes) takes only a bfloat16 CUDA matrix; any
     other input is checked operand by operand (on the GPU: test_bf16_model_gpu.py)."""
     variant = registry.get_variant("matmul_gelu_softmax", "cublas_epilogue")("bf16")
     linear = torch.nn.Linear(16, 8).bfloat16().requires_grad_(False)

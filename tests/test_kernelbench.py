@@ -273,6 +273,27 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()
 
 
+def test_the_host_before_gemm_script_stamps_each_models_gemm_on_the_cpu(tmp_path, capsys):
+    """benchmarks/gpu/host_before_gemm.py at a tiny shape on the CPU: both models' rows, each with
+    its GEMM stamped (the reference's F.linear, the tabled variant's), grad mode on."""
+    import importlib.util
+
+    path = FILES.parents[1] / "benchmarks" / "gpu" / "host_before_gemm.py"
+    spec = importlib.util.spec_from_file_location("host_before_gemm", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = tmp_path / "table.json"
+    record("matmul_gelu_softmax", 8, 32, 24, autograd=True, variant="simplified", path=table)
+    args = script.parse(["matmul_gelu_softmax", "--device", "cpu", "--shape", "8,32,24", "--dtype", "float32",
+                         "--precision", "fp32", "--table", str(table), "--grad", "--rounds", "4"])
+    reference, dispatch = script.measure(args)
+    assert reference[0] == "reference" and dispatch[0] == "dispatch (simplified, tuned)"
+    for row in (reference, dispatch):
+        assert len(row) == 1 + len(script.PIECES) and "-" not in row, row  # every piece, the GEMM's too
+    # The wrappers are gone after the run: torch's own functions again.
+    assert torch.nn.functional.linear is torch._C._nn.linear and torch.addmm is torch._C._VariableFunctions.addmm
+
+
 def test_the_device_harness_script_judges_a_bfloat16_model_by_its_own_targets():
     """Issue 34's speedups for a bfloat16 model (22 1.35x, ...), issue 13's for a float32 one."""
     import importlib.util

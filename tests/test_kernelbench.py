@@ -271,11 +271,17 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert untuned["timing"]["grad"]["dispatch"] == "eager (no entry: reference)" and untuned["target"] == ">= 50x"
     assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
     assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()
+    # Grad mode's timed calls: the autograd entry, then the no-grad one once no backward came.
+    switched = {"since_backward": 3, "switch_after": 3, "variant": "cublas_epilogue", "source": "tuned"}
+    info = {"variant": "eager", "source": "tuned", "without_backward": switched}
+    assert harness.served_by(info) == "eager (tuned), then cublas_epilogue (tuned)"
+    assert harness.served_by({**info, "without_backward": {**switched, "since_backward": 2}}) == "eager (tuned)"
 
 
 def test_the_host_before_gemm_script_stamps_each_models_gemm_on_the_cpu(tmp_path, capsys):
     """benchmarks/gpu/host_before_gemm.py at a tiny shape on the CPU: both models' rows, each with
-    its GEMM stamped (the reference's F.linear, the tabled variant's), grad mode on."""
+    its GEMM stamped (the reference's F.linear, the tabled variant's), grad mode on, the dispatch
+    named by the no-grad entry its timed calls ran (no backward came after the warm-up)."""
     import importlib.util
 
     path = FILES.parents[1] / "benchmarks" / "gpu" / "host_before_gemm.py"
@@ -283,7 +289,8 @@ def test_the_host_before_gemm_script_stamps_each_models_gemm_on_the_cpu(tmp_path
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     table = tmp_path / "table.json"
-    record("matmul_gelu_softmax", 8, 32, 24, autograd=True, variant="simplified", path=table)
+    record("matmul_gelu_softmax", 8, 32, 24, autograd=True, variant="eager", path=table)
+    record("matmul_gelu_softmax", 8, 32, 24, autograd=False, variant="simplified", path=table)
     args = script.parse(["matmul_gelu_softmax", "--device", "cpu", "--shape", "8,32,24", "--dtype", "float32",
                          "--precision", "fp32", "--table", str(table), "--grad", "--rounds", "4"])
     reference, dispatch = script.measure(args)

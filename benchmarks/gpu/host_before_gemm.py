@@ -127,6 +127,9 @@ def measure(args) -> list[list[str]]:
                 rows[name].append(one_call(models[name], x, stamps, args.device))
         served = module.dispatch_info(x)
     table = [[name, *summary(rows[name])] for name in models]
+    free = served.get("without_backward")  # grad mode: the no-grad entry serves once no backward came
+    if free and free["since_backward"] >= free["switch_after"]:
+        served = free
     table[1][0] += f" ({served['variant']}, {served['source']})"
     return table
 

@@ -158,6 +158,17 @@ def stats(times: list[float]) -> dict:
             "num_trials": len(times)}
 
 
+def served_by(info: dict) -> str:
+    """What served ModelNew's timed calls (``dispatch_info``): in grad mode the autograd entry, then,
+    once three calls in a row had no backward (the harness calls none), the no-grad entry."""
+    text = f"{info['variant']} ({info['source']})"
+    free = info.get("without_backward")
+    if free and free["since_backward"] >= free["switch_after"]:
+        then = f"{free['variant']} ({free['source']})"
+        text += "" if then == text else f", then {then}"
+    return text
+
+
 def speedups(model, model_new, get_inputs, seed, trials, device, dtype) -> dict:
     """Step 5, with grad mode on (the harness's number) and, beside it, under no_grad."""
     set_seed(seed, device)
@@ -168,7 +179,7 @@ def speedups(model, model_new, get_inputs, seed, trials, device, dtype) -> dict:
             new, ref = stats(time_calls(model_new, inputs, trials, device)), stats(time_calls(model, inputs, trials, device))
             info = model_new.dispatch_info(inputs[0])
         result[label] = {"model_new_ms": new, "model_ms": ref, "speedup": ref["mean"] / new["mean"],
-                         "dispatch": f"{info['variant']} ({info['source']})"}
+                         "dispatch": served_by(info)}
     return result
 
 

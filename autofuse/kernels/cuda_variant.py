@@ -23,8 +23,6 @@ from autofuse.kernels import build as builder
 from autofuse.kernels.autograd import needs_grad
 from autofuse.kernels.gemm_space import blocked_gemm_configs
 
-_is_grad_enabled = torch.is_grad_enabled  # the bfloat16 model's hot path reads it once a call
-
 _ARG_TYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float, "stream": ctypes.c_void_p}
 
 
@@ -176,8 +174,7 @@ def bfloat16_model_linear(variant: Variant, x: torch.Tensor, weight: torch.Tenso
     matrix (at::linear), so the result is the same tensor; F.linear's own host time was 38.4 µs
     against addmm's 30.7 (medians, the GPU idle before each call, same machine).
     """
-    if _is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-        refuse_bfloat16_gradients(variant, x, weight, bias)
+    refuse_bfloat16_gradients(variant, x, weight, bias)
     bf16 = torch.bfloat16
     if x.dtype is bf16 and weight.dtype is bf16 and (bias is None or bias.dtype is bf16) and x.is_cuda and x.dim() == 2:
         try:  # with a bias, at::linear's own call for a matrix, without its wrapper's host time

@@ -97,10 +97,8 @@ class GradModeCall:
         # Function.apply's functorch unwrapping (no functorch transform is active here: __call__).
         # What the model holds is read after the call, which replaces none of it (a training-mode
         # call updates buffers in place), so the GEMM is launched that much sooner.
-        dispatcher = self._dispatcher()  # call_for inline: each Python call here is host time before the GEMM
-        call = dispatcher.ready.get(self.no_grad_key)
-        if call is None:
-            call = dispatcher.resolve(model, x, self.no_grad_key)
+        dispatcher = self._dispatcher()
+        call = dispatcher.call_for(model, x, self.no_grad_key)
         torch._C._set_grad_enabled(False)
         try:
             out = call(model, x)

@@ -831,3 +831,22 @@ def test_the_nearest_entry_of_a_table_without_batch_classes_still_warns(caplog):
         module.dispatch_info(torch.randn(3, IN))
     served = [r for r in caplog.records if "no tuned entry" in r.getMessage()]
     assert len(served) == 1 and served[0].levelno == logging.WARNING, caplog.text
+
+
+def test_a_rung_where_no_candidate_passed_is_said_with_each_ones_reason(batch_decoys, tmp_path, capsys):
+    """Raced alone, the decoy fails at batch 1 and nothing else races there: the tune says so, and
+    why, where its rungs had gone missing without a word."""
+    autofuse.tune("matmul_gelu_softmax", TUNED, table=tmp_path / "t.json", device="cpu", seed=3,
+                  variants=["wrong_at_batch_one"], autograd_entry=False, progress=False, budget="full")
+    assert sorted(entries_by_batch(tmp_path / "t.json")) == [8, 16, 32]
+    said = [line for line in capsys.readouterr().out.splitlines() if "no candidate passed" in line]
+    assert len(said) == 1 and "at batch 1;" in said[0], said
+    assert "wrong_at_batch_one: incorrect (" in said[0] and "nearest batch class" in said[0]
+
+
+def test_a_rung_reports_a_candidate_without_a_reason_too():
+    rung = race(ScriptedWorker({"eager": 1.0, "simplified": 1.0}, wrong=["eager"], broken=["simplified"]),
+                ["eager", "simplified"])
+    assert rung.entry is None
+    said = batch_classes.unserved_rung("p 8x4", DispatchKey("float32", "fp32", "any", False), rung)
+    assert "at batch 16;" in said and "eager: incorrect (wrong)" in said and "simplified: runtime_failed (it crashed)" in said

@@ -329,7 +329,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
     batches where their configuration passed the gate (``gated_batches``), widened by ``bridge``."""
     work = _plan(prob, shape, job, key, fingerprint, table, entries, get_budget(plan.budget), searched, plan.rungs)
     total = sum(len(candidates) for *_, rungs in work for _, candidates in rungs)
-    items = []
+    items, unserved = [], []
     compiling = _submit(prob, job, work)  # what ``compile_ahead`` submitted is waited for, not compiled again
     with TrialProgress(total, 0, f"{label} batch classes", enabled=plan.progress and total > 0) as bar:
         for (entry, dkey, ladder, rungs), compiled in zip(work, compiling):
@@ -343,6 +343,7 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                 done.append(run_rung(dataclasses.replace(job, shape=at), candidates, worker, plan.trial_timeout,
                                      budget, said, ladder.fallbacks(batch, budget)))
             raced = _rung_items(prob, shape, dkey, fingerprint, ladder, done, searched.study, job.seed)
+            unserved += [unserved_rung(label, dkey, rung) for rung in done if rung.entry is None]
             passed = gated_batches(ladder.winner.label(), shape[prob.batch_dim], done)
             if searched.kept:  # the rungs left as they were keep what they found
                 passed = sorted(set(passed) | set(entry.get("gated_batches") or ()))
@@ -359,7 +360,20 @@ def cover(prob, shape, job, key, fingerprint, table, entries, worker, plan, sear
                               for b in sorted(widened & kept.keys() - raced_at.keys())]
             if widened or total:
                 items.append((fingerprint, prob.name, shape_key(shape), dkey.to_str(), entry))
+    for line in unserved:  # after the bar: said, not lost in it
+        print(f"autofuse: {line}")
     return items
+
+
+def unserved_rung(label: str, dkey, rung: RungResult) -> str:
+    """What a tune says of a rung where no candidate passed: its batches go to the nearest rung
+    that has an entry (correct there, ungated here), and why each candidate failed. A tune that
+    left rungs out without a word had looked complete in its summary (22 for a bfloat16 model,
+    H200: every candidate at 8 to 2048 rows incorrect, eager's own forward among them)."""
+    failed = [f"{row.variant}: {row.result.outcome.value} ({next(iter((row.result.reason or '').splitlines()), '')[:160]})"
+              for row in rung.rows if row.result is not None and row.result.outcome is not Outcome.OUT_OF_REACH]
+    return (f"{label} ({dkey.to_str()}): no candidate passed at batch {rung.batch}; the nearest batch class "
+            f"with an entry serves there. " + ("; ".join(failed) or "every candidate was out of reach"))
 
 
 def compile_ahead(prob, shape, job, key, fingerprint, table, winner: dict, plan, searched: Searched) -> None:

@@ -841,7 +841,7 @@ def test_a_rung_where_no_candidate_passed_is_said_with_each_ones_reason(batch_de
     assert sorted(entries_by_batch(tmp_path / "t.json")) == [8, 16, 32]
     said = [line for line in capsys.readouterr().out.splitlines() if "no candidate passed" in line]
     assert len(said) == 1 and "at batch 1;" in said[0], said
-    assert "wrong_at_batch_one: incorrect (" in said[0] and "nearest batch class" in said[0]
+    assert "wrong_at_batch_one[]: incorrect (" in said[0] and "nearest batch class" in said[0]
 
 
 def test_a_rung_reports_a_candidate_without_a_reason_too():
@@ -849,4 +849,4 @@ def test_a_rung_reports_a_candidate_without_a_reason_too():
                 ["eager", "simplified"])
     assert rung.entry is None
     said = batch_classes.unserved_rung("p 8x4", DispatchKey("float32", "fp32", "any", False), rung)
-    assert "at batch 16;" in said and "eager: incorrect (wrong)" in said and "simplified: runtime_failed (it crashed)" in said
+    assert "at batch 16;" in said and "eager[]: incorrect (wrong)" in said and "simplified[]: runtime_failed (it crashed)" in said

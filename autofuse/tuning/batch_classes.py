@@ -370,7 +370,8 @@ def unserved_rung(label: str, dkey, rung: RungResult) -> str:
     that has an entry (correct there, ungated here), and why each candidate failed. A tune that
     left rungs out without a word had looked complete in its summary (22 for a bfloat16 model,
     H200: every candidate at 8 to 2048 rows incorrect, eager's own forward among them)."""
-    failed = [f"{row.variant}: {row.result.outcome.value} ({next(iter((row.result.reason or '').splitlines()), '')[:160]})"
+    failed = [f"{Candidate(row.variant, row.params).label()}: {row.result.outcome.value} "
+              f"({next(iter((row.result.reason or '').splitlines()), '')[:160]})"
               for row in rung.rows if row.result is not None and row.result.outcome is not Outcome.OUT_OF_REACH]
     return (f"{label} ({dkey.to_str()}): no candidate passed at batch {rung.batch}; the nearest batch class "
             f"with an entry serves there. " + ("; ".join(failed) or "every candidate was out of reach"))

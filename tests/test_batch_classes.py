@@ -844,7 +844,8 @@ def test_a_rung_where_no_candidate_passed_is_said_with_each_ones_reason(batch_de
     assert "wrong_at_batch_one[]: incorrect (" in said[0] and "nearest batch class" in said[0]
 
 
-def test_a_rung_reports_a_candidate_without_a_reason_too():
+def test_an_unserved_rung_names_each_candidates_configuration_outcome_and_reason():
+    """A wrong and a crashed candidate at one rung: the line names both, with what each returned."""
     rung = race(ScriptedWorker({"eager": 1.0, "simplified": 1.0}, wrong=["eager"], broken=["simplified"]),
                 ["eager", "simplified"])
     assert rung.entry is None

@@ -137,3 +137,21 @@ def test_the_gradient_checks_cotangents_drawn_ahead_are_the_ones_drawn_in_place(
     for prepared in ahead:  # drawn in place, as without the threads
         held = prepared.gradients[("fp32", mode)][0]
         assert torch.equal(held, cotangent(problem, prepared, "fp32")), prepared.case.describe()
+
+
+def test_a_case_whose_kept_model_holds_nan_is_named_broken_not_the_candidate():
+    """An H200 tune of 22 (bfloat16 model) failed every candidate at 8 to 2048 rows, eager among
+    them, with 'parameter matmul.bias was modified' on one case: a NaN never equals its own clone.
+    The gate now says the case is broken, which no candidate can cause by being wrong."""
+    problem = registry.get_problem("matmul_gelu_softmax")
+    tuned = {"batch_size": 16, "in_features": 48, "out_features": 40}
+    case = CheckCase({**tuned, "batch_size": 9}, "randn", 11, True)
+    gate._MODELS.clear()
+    build_case(problem, CheckCase(tuned, "randn", 11, True), "cpu", torch.float32, "any")  # kept
+    [(pristine, *_)] = gate._MODELS.values()
+    with torch.no_grad():
+        pristine.linear.bias[3] = float("nan")  # what overwriting the kept model's memory would leave
+    eager = registry.get_variant("matmul_gelu_softmax", "eager")("fp32")
+    result = check_variant(eager, problem, [case], "cpu", mode="any")
+    gate._MODELS.clear()
+    assert not result.ok and "parameter linear.bias held NaN before the call" in result.reason, result.reason

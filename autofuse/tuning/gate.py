@@ -421,7 +421,11 @@ def _check_side_effects(problem, model, prepared: PreparedCase, x, params_before
     if not torch.equal(x, x_before):
         return "the input was modified"
     for name, param in model.named_parameters():
-        if not torch.equal(param.detach(), params_before[name]):
+        before = params_before[name]
+        if not torch.equal(param.detach(), before):
+            if before.is_floating_point() and before.isnan().any():  # NaN equals nothing, itself included
+                return (f"parameter {name} held NaN before the call: the case is broken, not the candidate "
+                        "(no distribution draws NaN)")
             return f"parameter {name} was modified"
     expected = problem.state_to_compare(ref_model)
     for name, buf in problem.state_to_compare(model).items():

@@ -40,10 +40,9 @@ import torch
 from autofuse.variants.gemm_bn import gradients
 from autofuse.variants.gemm_bn.cuda_fused import (
     TrainOperands,
-    batch_counter,
     eval_coefficients,
     eval_dependencies,
-    momentum_factor,
+    kernel_counted_factor,
     uses_batch_statistics,
 )
 
@@ -138,8 +137,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         ops = TrainOperands.of(model, x, torch.bfloat16)
         lib = self.library(x.device)
         work = self._workspaces(lib, batch, n_out, x.device)
-        count = batch_counter(model.bn)  # the kernel adds this batch: no add_ kernel before it
-        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
+        count, factor = kernel_counted_factor(model.bn)  # the kernel adds this batch: no add_ kernel before it
         self.launch("af_bn_train_bf16", y, y, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
                     ops.running_var, count, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
         return y
@@ -168,8 +166,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         z = linear(x, w, None, self.precision).contiguous()
         work = self._workspaces(lib, batch, n_out, x.device)
         out = torch.empty_like(z) if save else z
-        count = batch_counter(model.bn)  # the kernel adds this batch: no add_ kernel before it
-        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
+        count, factor = kernel_counted_factor(model.bn)  # the kernel adds this batch: no add_ kernel before it
         self.launch("af_bn_train", z, out, ops.bias, ops.scale, ops.gamma, ops.beta, ops.running_mean,
                     ops.running_var, count, *work, ops.eps, factor, batch, n_out, device=x.device)  # fmt: skip
         return out, ((x, w, z, None, None, ops.scale, ops.gamma) if save else ())

@@ -57,6 +57,14 @@ def batch_counter(bn) -> torch.Tensor | None:
     return bn.num_batches_tracked if counts and bn.momentum is not None else None
 
 
+def kernel_counted_factor(bn) -> tuple[torch.Tensor | None, float]:
+    """(``batch_counter``'s tensor, ``momentum_factor``) for a kernel that adds the batch to the
+    count itself where it may: whether it does is derived here from the tensor it is handed, so no
+    caller can hand it the count and count on the host too. The last step before launching."""
+    count = batch_counter(bn)
+    return count, momentum_factor(bn, counted_by_kernel=count is not None)
+
+
 def momentum_factor(bn, counted_by_kernel: bool = False) -> float:
     """Count this batch (num_batches_tracked += 1) and return the averaging factor, as nn.BatchNorm
     does; called just before the kernel that updates the running statistics, which it marks written.

@@ -42,7 +42,7 @@ from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.variant import TritonVariant
 
 from . import gradients
-from .cuda_fused import (TrainOperands, batch_counter, eval_coefficients, eval_dependencies, momentum_factor,
+from .cuda_fused import (TrainOperands, eval_coefficients, eval_dependencies, kernel_counted_factor, momentum_factor,
                          uses_batch_statistics)
 
 FINISH_COLUMNS = 128  # columns per program of the statistics merge
@@ -133,8 +133,7 @@ class TritonGemmBn(TritonVariant):
         out = torch.empty(batch, n_out, device=x.device, dtype=dtype)
         z = torch.empty(batch, n_out, device=x.device, dtype=self.z_dtype) if save else None
         shift, var = (torch.empty(1, n_out, device=x.device), torch.empty(n_out, device=x.device)) if save else (None, None)
-        count = batch_counter(model.bn)  # the epilogue counts the batch: no launch of its own
-        factor = momentum_factor(model.bn, counted_by_kernel=count is not None)  # the last step before launching
+        count, factor = kernel_counted_factor(model.bn)  # the epilogue counts the batch: no launch for it
         self.launch_gemm("column_batchnorm", xs, weights, (out, z, shift, var, ops.bias, ops.scale, ops.gamma, ops.beta,
                                                            ops.running_mean, ops.running_var, ops.eps, factor, count))
         return out, ((x, w, z, shift, var, ops.scale, ops.gamma) if save else ())

@@ -196,7 +196,48 @@ def repointable(request, fake_cuda, monkeypatch):
     monkeypatch.setattr(graphs.repoint.Repointer, "of",
                         staticmethod(lambda graph, tensors: FakeRepointer(graph, request.param)))
     monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)  # the CPU allocator aligns to 64 bytes, not 256
+    monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: (512, 512))  # no caching allocator here
     return request.param
+
+
+class WritingPast(FakeRepointer):
+    """"x and out", whose replays also write the element after the output wherever its storage
+    has one: a scratch that had the graph's output's addresses, re-pointed with it."""
+
+    def point(self, tensors):
+        super().point(tensors)
+        graph = self.graph
+        if not hasattr(graph, "plain_run"):
+            graph.plain_run = graph.run
+            graph.run = lambda: (graph.plain_run(), _write_past(graph.at[1]))
+
+
+def _write_past(t):
+    end = t.storage_offset() + t.numel()
+    if t.untyped_storage().nbytes() > end * t.element_size():
+        torch.as_strided(t, (1,), (1,), end).fill_(0.0)
+
+
+def test_a_graph_that_writes_past_its_repointed_output_is_not_repointed(fake_cuda, monkeypatch):
+    monkeypatch.setattr(graphs.repoint.Repointer, "of", staticmethod(lambda graph, tensors: WritingPast(graph, "x and out")))
+    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)
+    monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: (512, 512))
+    module, call = _state_probe("matmul_gelu_softmax")
+    xs = [torch.randn(3, 5) for _ in range(5)]
+    outs = [call(module, x) for x in xs]
+    assert call.graph is not None and call.failed is None and call._repoint is None  # copied in, cloned out
+    assert all(torch.equal(out, x * 2.0) for out, x in zip(outs, xs))
+
+
+def test_a_graph_whose_output_no_allocator_segment_holds_is_not_repointed(fake_cuda, monkeypatch):
+    monkeypatch.setattr(graphs.repoint.Repointer, "of", staticmethod(lambda graph, tensors: FakeRepointer(graph, "x and out")))
+    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)
+    for reach in (None, (graphs.repoint.GUARD_LIMIT, 512)):  # not the caching allocator's; guards past the limit
+        monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: reach)
+        module, call = _state_probe("matmul_gelu_softmax")
+        for _ in range(graphs.WARM_CALLS + 2):
+            call(module, torch.randn(3, 5))
+        assert call.graph is not None and call._repoint is None, reach
 
 
 def test_a_repointed_replay_reads_the_callers_x_where_it_can_and_writes_a_fresh_output(repointable):

@@ -261,6 +261,54 @@ class Capturable3:
         return x * 3.0
 
 
+class ScratchFirst:
+    """A (B, 1) output allocated, in the graph's pool, where the call's (B, N_IN) scratch was: it
+    is freed first, and its block is the best fit. Its elementwise kernel takes plain pointers."""
+
+    capturable, name = True, "scratch_first"
+
+    def __call__(self, model, x):
+        scratch = x * 2.0
+        row = scratch.sum(1, keepdim=True)
+        del scratch
+        return row + 1.0
+
+
+def _simplified_22(dtype):
+    """22's ``simplified`` on a model of ``dtype``: its logsumexp's (B, N) scratch goes before its
+    (B, 1) output (re-pointed, an H200 tune's kept models were written over, and at this shape
+    under bf16 the replay's own output was wrong)."""
+    problem = registry.get_problem("matmul_clamp_lse_mish")
+    args, kwargs = problem.check_init_args({"batch_size": BATCH, "input_size": N_IN, "hidden_size": N_IN}, "randn")
+    variant = registry.get_variant("matmul_clamp_lse_mish", "simplified")("bf16")
+    variant.build("cuda")
+    return variant, problem.model(*args, **kwargs).to("cuda", dtype)
+
+
+@pytest.mark.parametrize("call", ["scratch_first", "simplified_22"])
+def test_a_graph_whose_output_took_a_scratchs_addresses_writes_nothing_past_a_callers_output(call):
+    """Re-pointed at the caller's output, the scratch's kernel wrote B×N_IN values from it on,
+    over the allocator's next blocks. Here the caller's output is the first block of a pool's
+    segment and the block after it is read back unwritten: it must still hold what was there."""
+    dtype = torch.float32 if call == "scratch_first" else torch.bfloat16
+    run, model = (ScratchFirst(), torch.nn.Linear(4, 4).cuda()) if call == "scratch_first" else _simplified_22(dtype)
+    graphed, x = graphs.GraphedCall.standalone(run, model), _inputs(1, dtype)[0]
+    with torch.no_grad():
+        for _ in range(graphs.WARM_CALLS + 1):
+            graphed(model, x)
+        assert graphed.graph is not None and graphed.failed is None, graphed.failed
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            filled = torch.full((2**17,), 7.0, device="cuda")  # 512 KB: a small-block segment of its own
+            del filled
+            out = graphed(model, x)
+            after = torch.empty(2**17 - 512 // 4, device="cuda")  # the rest of what ``filled`` was
+        assert out.data_ptr() + 512 == after.data_ptr()  # as laid out above, or the check means nothing
+        assert torch.equal(out, run(model, x))
+        assert bool((after == 7.0).all()), "a replay wrote past the caller's output"
+    assert graphed._repoint is None  # the guards showed it: x copied in, the output cloned
+
+
 @pytest.mark.parametrize("problem,variant,precision,mode,dtype", [CASES[0], CASES[5]])
 def test_at_the_largest_replayed_batch_a_replay_is_right_and_its_memory_counts(problem, variant, precision, mode, dtype,
                                                                               monkeypatch):

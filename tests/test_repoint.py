@@ -65,3 +65,18 @@ def test_without_a_cuda_driver_or_a_kept_graph_nothing_is_repointed():
         pass
 
     assert repoint.Repointer.of(NotAGraph(), [torch.zeros(4)]) is None
+
+
+def test_a_guarded_output_is_nan_laid_out_as_asked_and_any_write_past_either_end_shows():
+    like = torch.empty(3, 5, dtype=torch.bfloat16)
+    guarded = repoint.Guarded(like, 100, 64)  # the front guard rounds up to 512: the output stays aligned
+    fresh = guarded.tensor
+    assert fresh.shape == like.shape and fresh.dtype == like.dtype and fresh.is_contiguous()
+    assert fresh.isnan().all() and fresh.untyped_storage().data_ptr() + 512 == fresh.data_ptr()
+    fresh.fill_(1.0)  # everything inside is the output's to write
+    assert guarded.intact()
+    for offset in (-1, fresh.numel()):  # one element before its first, one past its last
+        guarded = repoint.Guarded(like, 512, 64)
+        torch.as_strided(guarded.tensor, (1,), (1,), guarded.tensor.storage_offset() + offset).fill_(0.0)
+        assert not guarded.intact(), offset
+    assert repoint.Guarded(like, 0, 0).intact()  # no room either side: nothing to write there

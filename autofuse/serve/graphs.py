@@ -35,8 +35,9 @@ while that state holds:
 A capture is checked once, against a plain call on the same input: unless the replay's output
 equals it bit for bit (NaN where it has NaN), or if the capture raises (a variant that
 synchronizes the host, say), the key runs plain from then on, said once in the log. Re-pointing
-is checked too, by a second replay at the caller's x and a NaN-filled output with the graph's own
-input filled with NaN: anything the graph still read or wrote at the old addresses shows. A graph
+is checked too, by a second replay at the caller's x and a NaN-filled output set between guards,
+with the graph's own input filled with NaN: anything the graph still read or wrote at the old
+addresses shows, and so does a scratch tensor that had the output's addresses. A graph
 that reads x where no argument shows it (cuBLAS's Hopper kernels take their arguments packed, x's
 address not among them as such: inside TMA descriptors, it seems) may still write a fresh output,
 x copied in: two launches.
@@ -355,25 +356,27 @@ def _repointed(graph, static_x, static_out, x, expected, written, after) -> tupl
     """(a Repointer for ``graph``, whether it may read x where it is), or (None, False).
 
     Re-pointed at ``x`` and a NaN-filled fresh output, with the graph's own input filled with
-    NaN, a replay must give the plain call's output bit for bit; failing that, at its own input
-    (x copied in) and a fresh output. Each check's update of the ``written`` buffers is undone."""
+    NaN, a replay must give the plain call's output bit for bit and write nothing outside it
+    (``repoint.Guarded``); failing that, at its own input (x copied in) and a fresh output. Each
+    check's update of the ``written`` buffers is undone."""
     if not repointing():
         return None, False
     if not (static_out.is_floating_point() and _whole_storage(static_out)) or bool(expected.isnan().any()):
         return None, False
     repointer = repoint.Repointer.of(graph, (static_x, static_out))
-    if repointer is None:
+    reach = repoint.segment_reach(static_out) if repointer is not None else None
+    if reach is None or sum(reach) > repoint.GUARD_LIMIT:
         return None, False
     for reads_x in (True, False):
         if reads_x and not (static_x.is_floating_point() and repoint.fits(x)):
             continue
-        fresh = torch.full_like(static_out, float("nan"))
+        fresh = repoint.Guarded(static_out, *reach)  # a scratch sharing the output's addresses writes a guard
         if reads_x:
             static_x.fill_(float("nan"))
         try:
-            repointer.point((x if reads_x else static_x, fresh))
+            repointer.point((x if reads_x else static_x, fresh.tensor))
             graph.replay()
-            same = _same(fresh, expected)
+            same = _same(fresh.tensor, expected) and fresh.intact()
         finally:
             static_x.copy_(x)
             _restore(written, after)

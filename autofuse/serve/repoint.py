@@ -19,6 +19,16 @@ on reading the graph's own input or writing its own output. So ``GraphedCall`` u
 only after a replay pointed at the caller's x and a NaN-filled fresh output, with the graph's
 input filled with NaN, reproduced the plain call bit for bit.
 
+An address inside the output's storage need not be the output's. The call's scratch lives in
+the graph's pool, and the output may be allocated where a scratch tensor freed earlier in the
+call was: 22's ``simplified`` frees its (B, 8192) clamp before its (B, 1) result takes the same
+block. Re-pointed, the kernel writing that scratch wrote B×8192 values from the caller's fresh
+(B, 1) output on, over whatever the allocator had put after it (an H200 tune's kept models, seen
+as "parameter matmul.bias was modified" at every replayed batch class). Nothing in the
+arguments tells the two apart, so the check replay writes into an output set between guards
+(``Guarded``) that span what such a kernel could reach, the rest of the allocator segment the
+graph's output lies in, and a graph that wrote a guard is not re-pointed.
+
 The driver is reached through ctypes (``libcuda.so.1``, CUDA 12.4 or later for the parameter
 layout): no dependency, and on a machine without it ``Repointer.of`` returns None.
 """
@@ -34,6 +44,12 @@ import torch
 ALIGNMENT = 256  # a caller's x must start on this: the allocator's blocks do (512), odd views copy
 _KERNEL_NODE = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 _PAST_LAST_PARAMETER = 1  # CUDA_ERROR_INVALID_VALUE from cu*GetParamInfo
+
+
+# Guards larger than this (an expandable segment can span gigabytes) cost more than re-pointing
+# saves: such a graph copies instead.
+GUARD_LIMIT = 256 * 2**20
+CANARY = 0xA5  # a guard byte: no float kernel here writes a whole run of them
 
 
 class RepointError(RuntimeError):
@@ -191,3 +207,33 @@ def _parameter_layout(driver, params: _KernelNodeParams) -> list[tuple[int, int]
 def _check(status: int, what: str) -> None:
     if status:
         raise RuntimeError(f"{what} failed (CUresult {status})")
+
+
+def segment_reach(t: torch.Tensor) -> tuple[int, int] | None:
+    """(bytes before, bytes after) ``t``'s storage up to the ends of the allocator segment that
+    holds it: as far as a kernel writing a tensor that shared ``t``'s addresses could reach (no
+    block spans two segments). None where no segment holds it (not the caching allocator's)."""
+    start = t.untyped_storage().data_ptr()
+    end = start + t.untyped_storage().nbytes()
+    for segment in torch.cuda.memory_snapshot():
+        first = segment["address"]
+        if first <= start < first + segment["total_size"]:
+            return start - first, first + segment["total_size"] - end
+    return None
+
+
+class Guarded:
+    """A fresh NaN-filled tensor laid out as ``like``, between guards of ``before`` and ``after``
+    bytes filled with ``CANARY``: ``intact`` says whether anything wrote outside the tensor."""
+
+    def __init__(self, like: torch.Tensor, before: int, after: int):
+        nbytes = like.numel() * like.element_size()
+        before = -(-before // 512) * 512  # the tensor as aligned as an allocation of its own
+        self._block = torch.full((before + nbytes + after,), CANARY, dtype=torch.uint8, device=like.device)
+        self._before, self._nbytes = before, nbytes
+        self.tensor = self._block[before:before + nbytes].view(like.dtype).view(like.shape)
+        self.tensor.fill_(float("nan"))
+
+    def intact(self) -> bool:
+        return bool((self._block[:self._before] == CANARY).all()
+                    and (self._block[self._before + self._nbytes:] == CANARY).all())

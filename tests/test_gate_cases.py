@@ -155,3 +155,33 @@ def test_a_case_whose_kept_model_holds_nan_is_named_broken_not_the_candidate():
     result = check_variant(eager, problem, [case], "cpu", mode="any")
     gate._MODELS.clear()
     assert not result.ok and "parameter linear.bias held NaN before the call" in result.reason, result.reason
+
+
+def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_gets_them_drawn_again(monkeypatch):
+    """On an H200, a CUDA graph re-pointed past its output wrote over three kept models, and
+    every candidate after it failed the gate. Here a stray write during a candidate's timed calls
+    stands for it: that candidate is recorded incorrect, saying why, and the next one passes."""
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Candidate, Job, Outcome
+
+    gate._MODELS.clear()
+    job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
+              "fp32", "any", 0)
+    state = {}
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK  # the cases' models kept
+    timed = evaluate.time_callable
+
+    def stray_write(fn, *args, **kwargs):
+        [pristine] = [held[0] for key, held in gate._MODELS.items() if key[4] == "large"]
+        with torch.no_grad():
+            pristine.linear.bias[0] += 1.0
+        return timed(fn, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "time_callable", stray_write)
+    hit = evaluate.evaluate(state, job, Candidate("eager", {}))
+    assert hit.outcome is Outcome.INCORRECT and hit.reason.startswith("wrote outside its own memory"), hit.reason
+    assert "large seed=2" in hit.reason and not any(key[4] == "large" for key in gate._MODELS)
+    monkeypatch.setattr(evaluate, "time_callable", timed)
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    assert gate.damaged_models() == [] and any(key[4] == "large" for key in gate._MODELS)  # drawn again
+    gate._MODELS.clear()

@@ -83,7 +83,8 @@ def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[C
 # weights do not depend on it: drawing an 8192² weight took 0.2-0.5 s on the CPU of an H100 host,
 # half of a key's batch classes (87 of 175 s for 99 at fp32, its rungs profiled in-process). A hit
 # deep-copies the model and restores the states, so the case is the one a miss would build, bit
-# for bit (tests/test_gate_cases.py).
+# for bit (tests/test_gate_cases.py). Each holds its tensors' ``_fingerprint`` too: a candidate
+# that writes memory it does not own can write into a kept model (``damaged_models``).
 _MODELS: collections.OrderedDict = collections.OrderedDict()
 MODELS_KEPT = 6
 # Randomized cases' models being redrawn on the drawing threads (``draw_ahead``), by ``_model_key``,
@@ -112,7 +113,7 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
     drawn = _DRAWING.pop(key, None) if key is not None and held is None else None
     if held is not None:
         _MODELS.move_to_end(key)
-        pristine, generator_state, global_state = held
+        pristine, generator_state, global_state, _ = held
         model = copy.deepcopy(pristine)
         generator.set_state(generator_state)
         torch.set_rng_state(global_state)
@@ -129,7 +130,7 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
         model.train(mode != "eval")
         model = model.to(device=device, dtype=dtype)
         if key is not None:
-            _MODELS[key] = (copy.deepcopy(model), generator.get_state(), torch.get_rng_state())
+            _MODELS[key] = (copy.deepcopy(model), generator.get_state(), torch.get_rng_state(), _fingerprint(model))
             while len(_MODELS) > MODELS_KEPT:
                 _MODELS.popitem(last=False)
     drawn_x = _INPUTS.pop((key, _shape(case)), None) if key is not None else None
@@ -137,6 +138,29 @@ def build_case(problem: Problem, case: CheckCase, device, dtype, mode: str) -> t
         return model, drawn_x.result().to(device=device, dtype=dtype)
     x = problem.make_input(case.shape, case.distribution, generator, device=device, dtype=dtype)
     return model, x
+
+
+def damaged_models() -> list[str]:
+    """The kept models (``_MODELS``) whose tensors changed since they were drawn, described, and
+    forgotten (the next case draws them again). Nothing but a write into memory its writer does
+    not own changes one: a CUDA graph re-pointed past its output wrote over three, on an H200,
+    and every later candidate failed the gate ("parameter matmul.bias was modified")."""
+    damaged = [key for key, held in _MODELS.items() if not _same_fingerprint(_fingerprint(held[0]), held[3])]
+    for key in damaged:
+        del _MODELS[key]
+    return [f"{key[4]} seed={key[5]}" for key in damaged]
+
+
+def _fingerprint(model: nn.Module) -> torch.Tensor:
+    """Each floating tensor's float64 sum and 2-norm, on the CPU (one transfer a model)."""
+    with torch.no_grad():
+        sums = [torch.stack((t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)))
+                for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+    return torch.stack(sums).cpu() if sums else torch.empty(0, 2, dtype=torch.float64)
+
+
+def _same_fingerprint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def _shape(case: CheckCase) -> tuple:

@@ -74,7 +74,7 @@ def test_calls_without_a_backward_switch_to_the_no_grad_entry(problem, counted):
     info = module.dispatch_info(x)
     assert info["variant"] == "simplified"
     assert info["without_backward"] == {"since_backward": SWITCH_AFTER, "switch_after": SWITCH_AFTER,
-                                        "variant": "eager", "source": "tuned"}
+                                        "switched": True, "variant": "eager", "source": "tuned"}
 
 
 @pytest.mark.parametrize("autograd_entry", ["simplified", None])
@@ -114,7 +114,8 @@ def test_training_never_leaves_the_autograd_entry_and_a_backward_switches_back(p
     assert counted[problem] == {"simplified": 3 * SWITCH_AFTER + 1, "eager": 1}
     module(x).sum().backward()
     assert counted[problem] == {"simplified": 3 * SWITCH_AFTER + 2, "eager": 1}
-    assert module.dispatch_info(x)["without_backward"]["since_backward"] == 0
+    free = module.dispatch_info(x)["without_backward"]
+    assert (free["since_backward"], free["switched"]) == (0, False)
 
 
 @pytest.mark.parametrize("autograd_entry", ["simplified", None])

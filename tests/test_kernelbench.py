@@ -272,10 +272,12 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
     assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()
     # Grad mode's timed calls: the autograd entry, then the no-grad one once no backward came.
-    switched = {"since_backward": 3, "switch_after": 3, "variant": "cublas_epilogue", "source": "tuned"}
+    switched = {"since_backward": 3, "switch_after": 3, "switched": True, "variant": "cublas_epilogue",
+                "source": "tuned"}
     info = {"variant": "eager", "source": "tuned", "without_backward": switched}
     assert harness.served_by(info) == "eager (tuned), then cublas_epilogue (tuned)"
-    assert harness.served_by({**info, "without_backward": {**switched, "since_backward": 2}}) == "eager (tuned)"
+    not_yet = {**switched, "since_backward": 2, "switched": False}
+    assert harness.served_by({**info, "without_backward": not_yet}) == "eager (tuned)"
 
 
 def test_the_host_before_gemm_script_stamps_each_models_gemm_on_the_cpu(tmp_path, capsys):

@@ -149,7 +149,8 @@ def _dispatch_info(self, x) -> dict:
     classes it was chosen for, or None) and ``passed_over`` (why each entry ranked before it did not).
     In grad mode these describe the autograd entry, and ``without_backward`` says what serves
     once ``grad_mode.SWITCH_AFTER`` calls in a row had no backward: ``since_backward`` (calls
-    so far), ``switch_after``, and the no-grad entry's ``variant`` and ``source``."""
+    so far), ``switch_after``, ``switched`` (whether the next call runs the no-grad entry), and
+    the no-grad entry's ``variant`` and ``source``."""
     dispatcher = self._autofuse
     key = dispatcher.call_key(self, x)
     call = dispatcher.call_for(self, x, key)
@@ -160,6 +161,7 @@ def _dispatch_info(self, x) -> dict:
         call.no_grad_call(self, x)
         free = dispatcher.info[call.no_grad_key]
         info["without_backward"] = {"since_backward": call.since_backward, "switch_after": SWITCH_AFTER,
+                                    "switched": call.since_backward >= SWITCH_AFTER,
                                     "variant": free["variant"], "source": free["source"]}
     return info
 

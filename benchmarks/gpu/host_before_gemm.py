@@ -128,7 +128,7 @@ def measure(args) -> list[list[str]]:
         served = module.dispatch_info(x)
     table = [[name, *summary(rows[name])] for name in models]
     free = served.get("without_backward")  # grad mode: the no-grad entry serves once no backward came
-    if free and free["since_backward"] >= free["switch_after"]:
+    if free and free["switched"]:
         served = free
     table[1][0] += f" ({served['variant']}, {served['source']})"
     return table

@@ -163,7 +163,7 @@ def served_by(info: dict) -> str:
     once three calls in a row had no backward (the harness calls none), the no-grad entry."""
     text = f"{info['variant']} ({info['source']})"
     free = info.get("without_backward")
-    if free and free["since_backward"] >= free["switch_after"]:
+    if free and free["switched"]:
         then = f"{free['variant']} ({free['source']})"
         text += "" if then == text else f", then {then}"
     return text

@@ -180,8 +180,36 @@ def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_g
     monkeypatch.setattr(evaluate, "time_callable", stray_write)
     hit = evaluate.evaluate(state, job, Candidate("eager", {}))
     assert hit.outcome is Outcome.INCORRECT and hit.reason.startswith("wrote outside its own memory"), hit.reason
-    assert "large seed=2" in hit.reason and not any(key[4] == "large" for key in gate._MODELS)
+    assert "the kept model of the large seed=2 cases" in hit.reason and not any(key[4] == "large" for key in gate._MODELS)
     monkeypatch.setattr(evaluate, "time_callable", timed)
     assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
     assert gate.damaged_models() == [] and any(key[4] == "large" for key in gate._MODELS)  # drawn again
+    gate._MODELS.clear()
+
+
+def test_a_candidate_that_writes_into_a_prepared_case_is_recorded_and_the_case_prepared_again(monkeypatch):
+    """The same for what the gate prepared once per case (its model, input, reference, floor):
+    a write into one fails the candidate that made it, not the ones after it."""
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Candidate, Job, Outcome
+
+    gate._MODELS.clear()
+    job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
+              "fp32", "any", 0)
+    state = {}
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    prepared = next(p for p in state["cases"].values() if p.case.distribution == "rand")
+    timed = evaluate.time_callable
+
+    def stray_write(fn, *args, **kwargs):
+        prepared.x[0, 0] += 1.0
+        return timed(fn, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "time_callable", stray_write)
+    hit = evaluate.evaluate(state, job, Candidate("eager", {}))
+    assert hit.outcome is Outcome.INCORRECT and hit.reason.startswith("wrote outside its own memory"), hit.reason
+    assert f"the prepared case {prepared.case.describe()}" in hit.reason and "kept model" not in hit.reason
+    monkeypatch.setattr(evaluate, "time_callable", timed)
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    assert gate.damaged_cases(state["cases"]) == [] and all(p is not prepared for p in state["cases"].values())
     gate._MODELS.clear()

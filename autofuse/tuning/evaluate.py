@@ -13,7 +13,8 @@ from autofuse.core.variant import EagerVariant
 from autofuse.errors import BuildError
 from autofuse.serve import graphs
 from autofuse.tuning import timeline
-from autofuse.tuning.gate import CheckCase, build_case, check_cases, check_variant, damaged_models, draw_ahead
+from autofuse.tuning.gate import (CheckCase, build_case, check_cases, check_variant, damaged_cases, damaged_models,
+                                  draw_ahead)
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
@@ -30,17 +31,18 @@ def _job_state(state: dict, job: Job) -> dict:
 
 def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None,
              gate: bool = True, timed: Timing | None = None) -> TrialResult:
-    """``_evaluate``, then whether the candidate wrote into the gate's kept models: one that
-    writes memory it does not own is recorded incorrect, and everything this worker kept for
-    the job (cases, models, the timing case) is dropped and drawn again, so the candidates
-    after it are checked on what they should be."""
+    """``_evaluate``, then whether the candidate wrote into what the gate keeps between
+    candidates (its drawn models, its prepared cases): one that writes memory it does not own
+    is recorded incorrect, and everything this worker kept for the job (cases, models, the
+    timing case) is dropped and drawn again, so the candidates after it are checked on what
+    they should be."""
     result = _evaluate(state, job, candidate, reach_ms, gate, timed)
-    damaged = damaged_models()
+    damaged = damaged_models() + damaged_cases(state.get("cases", {}))
     if not damaged:
         return result
     state.clear()
-    return TrialResult(Outcome.INCORRECT, "wrote outside its own memory: the gate's kept models of the "
-                       f"{', '.join(damaged)} cases changed while it ran", compile_s=result.compile_s)
+    return TrialResult(Outcome.INCORRECT, f"wrote outside its own memory: {'; '.join(damaged)} changed while it ran",
+                       compile_s=result.compile_s)
 
 
 def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None,

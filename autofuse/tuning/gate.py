@@ -148,15 +148,28 @@ def damaged_models() -> list[str]:
     damaged = [key for key, held in _MODELS.items() if not _same_fingerprint(_fingerprint(held[0]), held[3])]
     for key in damaged:
         del _MODELS[key]
-    return [f"{key[4]} seed={key[5]}" for key in damaged]
+    return [f"the kept model of the {key[4]} seed={key[5]} cases" for key in damaged]
 
 
-def _fingerprint(model: nn.Module) -> torch.Tensor:
-    """Each floating tensor's float64 sum and 2-norm, on the CPU (one transfer a model)."""
+def damaged_cases(cache: dict) -> list[str]:
+    """``damaged_models`` for the prepared cases of ``check_variant``'s ``cache`` (their model,
+    input, reference and floor), forgetting those that changed."""
+    damaged = [key for key, prepared in cache.items() if prepared.fingerprint is not None
+               and not _same_fingerprint(_case_fingerprint(prepared), prepared.fingerprint)]
+    return [f"the prepared case {cache.pop(key).case.describe()}" for key in damaged]
+
+
+def _fingerprint(model: nn.Module, *more: torch.Tensor) -> torch.Tensor:
+    """Each floating tensor's float64 sum and 2-norm (the model's, then ``more``), on the CPU:
+    one transfer."""
     with torch.no_grad():
         sums = [torch.stack((t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)))
-                for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+                for t in itertools.chain(model.parameters(), model.buffers(), more) if t.is_floating_point()]
     return torch.stack(sums).cpu() if sums else torch.empty(0, 2, dtype=torch.float64)
+
+
+def _case_fingerprint(prepared: PreparedCase) -> torch.Tensor:
+    return _fingerprint(prepared.model, prepared.x, prepared.ref, prepared.floor)
 
 
 def _same_fingerprint(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -342,6 +355,7 @@ class PreparedCase:
     # Per (precision, mode): the cotangent and the float64 and floor gradients (``check_gradients``),
     # the same for every candidate checked on the case.
     gradients: dict = dataclasses.field(default_factory=dict)
+    fingerprint: torch.Tensor | None = None  # of what the candidates must not change (``damaged_cases``)
 
 
 def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, precision: str) -> PreparedCase:
@@ -353,7 +367,9 @@ def prepare_case(problem: Problem, case: CheckCase, device, dtype, mode: str, pr
         with torch.no_grad():
             perturbed_model, perturbed_x = perturbed_reference(problem, model, x, case.seed)
             perturbed = perturbed_model(perturbed_x)
-    return PreparedCase(case, model, x, ref, ref_model, floor, perturbed, problem.state_to_compare(floor_model))
+    prepared = PreparedCase(case, model, x, ref, ref_model, floor, perturbed, problem.state_to_compare(floor_model))
+    prepared.fingerprint = _case_fingerprint(prepared)
+    return prepared
 
 
 def perturbed_reference(problem: Problem, model: nn.Module, x: torch.Tensor, seed: int) -> tuple[nn.Module, torch.Tensor]:

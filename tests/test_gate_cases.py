@@ -213,3 +213,30 @@ def test_a_candidate_that_writes_into_a_prepared_case_is_recorded_and_the_case_p
     assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
     assert gate.damaged_cases(state["cases"]) == [] and all(p is not prepared for p in state["cases"].values())
     gate._MODELS.clear()
+
+
+def test_a_candidate_that_raises_after_a_stray_write_leaves_the_next_one_a_clean_gate(monkeypatch):
+    """A candidate that writes into a kept model and then fails is recorded by its failure (the
+    worker's), and what it wrote is not the next candidate's outcome."""
+    from autofuse.tuning import evaluate
+    from autofuse.tuning.outcome import Candidate, Job, Outcome
+
+    gate._MODELS.clear()
+    job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
+              "fp32", "any", 0)
+    state = {}
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    timed = evaluate.time_callable
+
+    def stray_write_then_raise(fn, *args, **kwargs):
+        [pristine] = [held[0] for key, held in gate._MODELS.items() if key[4] == "randn" and key[2][0] == 48]
+        with torch.no_grad():
+            pristine.linear.weight[0, 0] += 1.0
+        raise RuntimeError("illegal memory access")
+
+    monkeypatch.setattr(evaluate, "time_callable", stray_write_then_raise)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        evaluate.evaluate(state, job, Candidate("eager", {}))
+    monkeypatch.setattr(evaluate, "time_callable", timed)
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    gate._MODELS.clear()

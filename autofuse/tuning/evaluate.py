@@ -36,13 +36,28 @@ def evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None
     is recorded incorrect, and everything this worker kept for the job (cases, models, the
     timing case) is dropped and drawn again, so the candidates after it are checked on what
     they should be."""
-    result = _evaluate(state, job, candidate, reach_ms, gate, timed)
-    damaged = damaged_models() + damaged_cases(state.get("cases", {}))
+    try:
+        result = _evaluate(state, job, candidate, reach_ms, gate, timed)
+    except Exception:  # its failure is its outcome (the worker's); what it wrote must not be the next one's
+        try:
+            _forget_if_damaged(state)
+        except Exception:  # noqa: BLE001 - a CUDA error that outlived the candidate: the worker is replaced
+            pass
+        raise
+    damaged = _forget_if_damaged(state)
     if not damaged:
         return result
-    state.clear()
     return TrialResult(Outcome.INCORRECT, f"wrote outside its own memory: {'; '.join(damaged)} changed while it ran",
                        compile_s=result.compile_s)
+
+
+def _forget_if_damaged(state: dict) -> list[str]:
+    """What the candidate just run changed of the gate's kept models and cases; all the job's
+    kept state dropped if anything."""
+    damaged = damaged_models() + damaged_cases(state.get("cases", {}))
+    if damaged:
+        state.clear()
+    return damaged
 
 
 def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | None = None,

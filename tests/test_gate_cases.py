@@ -157,10 +157,10 @@ def test_a_case_whose_kept_model_holds_nan_is_named_broken_not_the_candidate():
     assert not result.ok and "parameter linear.bias held NaN before the call" in result.reason, result.reason
 
 
-def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_gets_them_drawn_again(monkeypatch):
-    """On an H200, a CUDA graph re-pointed past its output wrote over three kept models, and
-    every candidate after it failed the gate. Here a stray write during a candidate's timed calls
-    stands for it: that candidate is recorded incorrect, saying why, and the next one passes."""
+@pytest.fixture
+def evaluated_once():
+    """(evaluate, a small job, the worker's state) after eager's evaluation: the cases' models
+    drawn and kept, the cases prepared. Kept models are forgotten at both ends."""
     from autofuse.tuning import evaluate
     from autofuse.tuning.outcome import Candidate, Job, Outcome
 
@@ -168,13 +168,29 @@ def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_g
     job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
               "fp32", "any", 0)
     state = {}
-    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK  # the cases' models kept
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    yield evaluate, job, state
+    gate._MODELS.clear()
+
+
+def _kept(distribution, in_features=48):
+    [pristine] = [held[0] for key, held in gate._MODELS.items() if key[4] == distribution and key[2][0] == in_features]
+    return pristine
+
+
+def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_gets_them_drawn_again(
+        evaluated_once, monkeypatch):
+    """On an H200, a CUDA graph re-pointed past its output wrote over three kept models, and
+    every candidate after it failed the gate. Here a stray write during a candidate's timed calls
+    stands for it: that candidate is recorded incorrect, saying why, and the next one passes."""
+    from autofuse.tuning.outcome import Candidate, Outcome
+
+    evaluate, job, state = evaluated_once
     timed = evaluate.time_callable
 
     def stray_write(fn, *args, **kwargs):
-        [pristine] = [held[0] for key, held in gate._MODELS.items() if key[4] == "large"]
         with torch.no_grad():
-            pristine.linear.bias[0] += 1.0
+            _kept("large").linear.bias[0] += 1.0
         return timed(fn, *args, **kwargs)
 
     monkeypatch.setattr(evaluate, "time_callable", stray_write)
@@ -184,20 +200,15 @@ def test_a_candidate_that_writes_into_the_kept_models_is_recorded_and_the_next_g
     monkeypatch.setattr(evaluate, "time_callable", timed)
     assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
     assert gate.damaged_models() == [] and any(key[4] == "large" for key in gate._MODELS)  # drawn again
-    gate._MODELS.clear()
 
 
-def test_a_candidate_that_writes_into_a_prepared_case_is_recorded_and_the_case_prepared_again(monkeypatch):
+def test_a_candidate_that_writes_into_a_prepared_case_is_recorded_and_the_case_prepared_again(
+        evaluated_once, monkeypatch):
     """The same for what the gate prepared once per case (its model, input, reference, floor):
     a write into one fails the candidate that made it, not the ones after it."""
-    from autofuse.tuning import evaluate
-    from autofuse.tuning.outcome import Candidate, Job, Outcome
+    from autofuse.tuning.outcome import Candidate, Outcome
 
-    gate._MODELS.clear()
-    job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
-              "fp32", "any", 0)
-    state = {}
-    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    evaluate, job, state = evaluated_once
     prepared = next(p for p in state["cases"].values() if p.case.distribution == "rand")
     timed = evaluate.time_callable
 
@@ -212,26 +223,19 @@ def test_a_candidate_that_writes_into_a_prepared_case_is_recorded_and_the_case_p
     monkeypatch.setattr(evaluate, "time_callable", timed)
     assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
     assert gate.damaged_cases(state["cases"]) == [] and all(p is not prepared for p in state["cases"].values())
-    gate._MODELS.clear()
 
 
-def test_a_candidate_that_raises_after_a_stray_write_leaves_the_next_one_a_clean_gate(monkeypatch):
+def test_a_candidate_that_raises_after_a_stray_write_leaves_the_next_one_a_clean_gate(evaluated_once, monkeypatch):
     """A candidate that writes into a kept model and then fails is recorded by its failure (the
     worker's), and what it wrote is not the next candidate's outcome."""
-    from autofuse.tuning import evaluate
-    from autofuse.tuning.outcome import Candidate, Job, Outcome
+    from autofuse.tuning.outcome import Candidate, Outcome
 
-    gate._MODELS.clear()
-    job = Job("matmul_gelu_softmax", {"batch_size": 16, "in_features": 48, "out_features": 40}, "cpu", "float32",
-              "fp32", "any", 0)
-    state = {}
-    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
+    evaluate, job, state = evaluated_once
     timed = evaluate.time_callable
 
     def stray_write_then_raise(fn, *args, **kwargs):
-        [pristine] = [held[0] for key, held in gate._MODELS.items() if key[4] == "randn" and key[2][0] == 48]
         with torch.no_grad():
-            pristine.linear.weight[0, 0] += 1.0
+            _kept("randn").linear.weight[0, 0] += 1.0
         raise RuntimeError("illegal memory access")
 
     monkeypatch.setattr(evaluate, "time_callable", stray_write_then_raise)
@@ -239,4 +243,25 @@ def test_a_candidate_that_raises_after_a_stray_write_leaves_the_next_one_a_clean
         evaluate.evaluate(state, job, Candidate("eager", {}))
     monkeypatch.setattr(evaluate, "time_callable", timed)
     assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK
-    gate._MODELS.clear()
+
+
+def test_a_stray_write_while_candidates_are_timed_together_is_said_and_the_next_gets_a_clean_gate(
+        evaluated_once, monkeypatch, capsys):
+    """Re-timing runs candidates that passed their own evaluation together, so a stray write
+    there names no one: it is said, and what was written is drawn again."""
+    from autofuse.tuning.outcome import Candidate, Outcome
+
+    evaluate, job, state = evaluated_once
+    together = evaluate.time_interleaved
+
+    def stray_write(fns, *args, **kwargs):
+        with torch.no_grad():
+            _kept("wide").linear.weight[0, 0] += 1.0
+        return together(fns, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "time_interleaved", stray_write)
+    timings = evaluate.retime(state, job, [Candidate("eager", {})], rounds=2)
+    assert set(timings) == {"eager[]", evaluate.BASELINE}  # the timings stand: the writer is not known
+    assert "the kept model of the wide seed=4 cases changed while eager-baseline, eager[] were timed" in capsys.readouterr().err
+    monkeypatch.setattr(evaluate, "time_interleaved", together)
+    assert evaluate.evaluate(state, job, Candidate("eager", {})).outcome is Outcome.OK

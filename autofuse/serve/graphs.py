@@ -225,9 +225,9 @@ class GraphedCall:
             return f"the call returned {type(static_out).__name__}, not a tensor", None
         graph.replay()  # the caller's call's update of ``written``: the warm-up's was undone
         out = static_out.clone()
-        if not _same(out, expected):
+        if not same_values(out, expected):
             return "its replay differed from the plain call on the same input", None
-        if not all(_same(t, a) for t, a in zip(written, after)):
+        if not all(same_values(t, a) for t, a in zip(written, after)):
             return "its replay wrote the model's buffers differently from the plain call", None
         if self._model_state(model) != state:
             return "the call changes the model's tensors", None
@@ -376,7 +376,7 @@ def _repointed(graph, static_x, static_out, x, expected, written, after) -> tupl
         try:
             repointer.point((x if reads_x else static_x, fresh.tensor))
             graph.replay()
-            same = _same(fresh.tensor, expected) and fresh.intact()
+            same = same_values(fresh.tensor, expected) and fresh.intact()
         finally:
             static_x.copy_(x)
             _restore(written, after)
@@ -458,7 +458,8 @@ def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
         t.copy_(value)
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, dtype and values, NaN where NaN (``torch.equal`` finds NaN unequal)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(((a == b) | (a.isnan() & b.isnan())).all())

@@ -34,6 +34,7 @@ from torch import nn
 from autofuse.core.precision import dtype_name, math_mode
 from autofuse.core.problem import Problem, Tolerance
 from autofuse.core.variant import Variant
+from autofuse.serve.graphs import same_values
 from autofuse.tuning import timeline
 
 FLOOR_FACTOR = 4.0
@@ -145,7 +146,7 @@ def damaged_models() -> list[str]:
     forgotten (the next case draws them again). Nothing but a write into memory its writer does
     not own changes one: a CUDA graph re-pointed past its output wrote over three, on an H200,
     and every later candidate failed the gate ("parameter matmul.bias was modified")."""
-    damaged = [key for key, held in _MODELS.items() if not _same_fingerprint(_fingerprint(held[0]), held[3])]
+    damaged = [key for key, held in _MODELS.items() if not same_values(_fingerprint(held[0]), held[3])]
     for key in damaged:
         del _MODELS[key]
     return [f"the kept model of the {key[4]} seed={key[5]} cases" for key in damaged]
@@ -155,7 +156,7 @@ def damaged_cases(cache: dict) -> list[str]:
     """``damaged_models`` for the prepared cases of ``check_variant``'s ``cache`` (their model,
     input, reference and floor), forgetting those that changed."""
     damaged = [key for key, prepared in cache.items() if prepared.fingerprint is not None
-               and not _same_fingerprint(_case_fingerprint(prepared), prepared.fingerprint)]
+               and not same_values(_case_fingerprint(prepared), prepared.fingerprint)]
     return [f"the prepared case {cache.pop(key).case.describe()}" for key in damaged]
 
 
@@ -170,10 +171,6 @@ def _fingerprint(model: nn.Module, *more: torch.Tensor) -> torch.Tensor:
 
 def _case_fingerprint(prepared: PreparedCase) -> torch.Tensor:
     return _fingerprint(prepared.model, prepared.x, prepared.ref, prepared.floor)
-
-
-def _same_fingerprint(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def _shape(case: CheckCase) -> tuple:

@@ -180,3 +180,57 @@ def test_x_in_whole_row_tiles_changes_no_bit(problem, precision, monkeypatch):
         with torch.no_grad():
             outs.append([variant(model, x)] + [b.clone() for b in model.buffers()])
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.float32),
+                                             ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("problem", ["matmul_clamp_lse_mish", "matmul_gelu_softmax"])
+def test_a_finish_inside_the_gemms_launch_passes_the_gate_and_serves_graphs_and_streams(problem, precision, dtype):
+    """The small-batch seed with the finish inside the GEMM's launch (``finish_inside``: the last
+    program to arrive merges the rows) passes the gate at batch 1 and 37; its output is the
+    two-launch call's up to the order of a sum (its merge steps are sized apart); and it is the
+    same bit for bit called plainly, replayed from a CUDA graph (which holds a counter of its own)
+    and called on two streams at once, every counter back at 0 afterwards."""
+    from autofuse.tuning.gate import CheckCase, build_case
+
+    prob = registry.get_problem(problem)
+    cls = registry.get_variant(problem, "triton")
+    for sizes in ((1, 1000, 777), (37, 1004, 777), (5, 8192, 8192)):
+        shape = dict(zip(prob.dims, sizes))
+        inside = next(c for c in cls.small_batch_seeds(shape, "cuda", precision, {}) if c.get("finish_inside"))
+        apart = {k: v for k, v in inside.items() if k != "finish_inside"}
+        if sizes[0] != 5:
+            assert_variant_conforms(problem, "triton", device="cuda", precision=precision, params=inside, dtype=dtype,
+                                    shapes=[shape])
+        model, x = build_case(prob, CheckCase(shape, "randn", 9, False), "cuda", dtype, "train")
+        one = cls(precision, **inside)
+        with torch.no_grad():
+            want = one(model, x)
+            step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -20
+            torch.testing.assert_close(want, cls(precision, **apart)(model, x), rtol=step, atol=0)
+            static_x = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                one(model, static_x)  # warm-up, as torch.cuda.graphs asks
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = one(model, static_x)
+            for _ in range(3):
+                graph.replay()
+                assert torch.equal(static_out, want), (shape, inside, "graph replay")
+            streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+            for s in streams:
+                s.wait_stream(torch.cuda.current_stream())
+            outs = []
+            for i in range(16):
+                with torch.cuda.stream(streams[i % 2]):
+                    outs.append(one(model, x))
+            for s in streams:
+                torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+        assert all(torch.equal(o, want) for o in outs), (shape, inside, "two streams")
+        counters = one._arrivals._buffers[x.device]
+        assert not counters.any(), counters.nonzero()

@@ -82,6 +82,13 @@ def test_a_bfloat16_model_of_22_rounds_where_its_reference_does_interpreted():
     _run("bf16_model_rounds_as_the_reference")
 
 
+def test_22s_finish_inside_the_gemms_launch_equals_the_finish_apart_interpreted():
+    """One launch a call (``finish_inside``): the last program to arrive merges the rows; bit for bit
+    the two-launch output at every precision and for bfloat16 models, the range check's exact path
+    taking tiles again, calls repeated (the counter back at 0), pairs merged in steps."""
+    _run("finish_inside")
+
+
 def test_a_bfloat16_model_of_gemm_bn_rounds_where_its_reference_does_interpreted():
     """KernelBench compares a bfloat16 model's output with the bfloat16 reference at 1e-2; in
     training, BatchNorm's 1/σ scales the reference's rounding of linear's output and x·s up to 2

@@ -79,12 +79,12 @@ def test_small_batches_add_narrow_tiles_with_deep_k_slices_and_large_batches_do_
     assert not any((c["block_m"], c["block_n"]) in tv.SMALL_TILES for c in tv.gemm_configs(8192, batch=tv.SMALL_BATCH + 1))
     cls = registry.get_variant("matmul_gelu_softmax", "triton")
     shape = {"batch_size": 1, "in_features": 8192, "out_features": 8192}
-    seeds = cls.small_batch_seeds(shape, "cuda", "bf16", tv.DEFAULTS["bf16"])
+    seeds = [s for s in cls.small_batch_seeds(shape, "cuda", "bf16", tv.DEFAULTS["bf16"]) if "finish_inside" not in s]
     assert [(s["block_m"], s["block_n"]) for s in seeds][:3] == [(16, 64), (16, 32), (16, 128)]
     assert sorted((s["block_m"], s["block_n"]) for s in seeds) == sorted(tv.SMALL_TILES) and all(s["stages"] >= 3 for s in seeds)
     for batch, rows in ((32, 32), (37, 64), (64, 64), (200, 64)):  # a tile as tall as the batch reads W once
         at = cls.small_batch_seeds({**shape, "batch_size": batch}, "cuda", "bf16", tv.DEFAULTS["bf16"])
-        assert at[0]["block_m"] == rows, (batch, at[0])
+        assert at[0]["block_m"] == rows, (batch, at[0])  # with the finish inside or not: the same tile
     assert all(s["block_k"] == max(b for b in tv.SMALL_BLOCK_KS if tv.stage_bytes({**s, "block_k": b}) <= tv.STAGE_BYTES)
                for s in seeds)
 
@@ -98,3 +98,29 @@ def test_the_space_is_made_once_and_each_caller_gets_its_own_copy():
     assert again == expected and again[0] is not first[0]
     assert tv.gemm_configs(8192, batch=2) == expected  # one cached space for every small batch
     assert tv.gemm_configs(8192, batch=tv.SMALL_BATCH + 1) != expected
+
+
+@pytest.mark.parametrize("problem", ["matmul_clamp_lse_mish", "matmul_gelu_softmax"])
+def test_small_tiles_also_come_with_the_finish_inside_and_rung_1_races_it_first(problem):
+    """``finish_inside`` (one launch: the last program merges the rows) is a knob of the small tiles
+    of the variants whose row finish can run in the GEMM's launch (22, 99), so the large-batch space
+    and gemm_bn's are as they were; a batch class's seeds hold each small tile with it and without,
+    with it first up to FINISH_INSIDE_BATCH rows."""
+    cls = registry.get_variant(problem, "triton")
+    prob = registry.get_problem(problem)
+    shape = dict(zip(prob.dims, (1, 8192, 8192)))
+    configs = cls.configs(shape, "cuda")
+    inside = [c for c in configs if c.get("finish_inside")]
+    assert inside and all((c["block_m"], c["block_n"]) in tv.SMALL_TILES and c["finish_inside"] is True for c in inside)
+    assert [{k: v for k, v in c.items() if k != "finish_inside"} for c in inside] == [
+        c for c in configs if "finish_inside" not in c and (c["block_m"], c["block_n"]) in tv.SMALL_TILES]
+    assert not any("finish_inside" in c for c in cls.configs({**shape, "batch_size": tv.SMALL_BATCH + 1}, "cuda"))
+    bn = registry.get_variant("gemm_bn", "triton")
+    assert not bn.finishes_inside and not any("finish_inside" in c for c in bn.configs(
+        dict(zip(registry.get_problem("gemm_bn").dims, (1, 8192, 8192))), "cuda"))
+    for batch in (1, tv.FINISH_INSIDE_BATCH, tv.FINISH_INSIDE_BATCH + 1, 32):
+        seeds = cls.small_batch_seeds({**shape, "batch_size": batch}, "cuda", "bf16", tv.DEFAULTS["bf16"])
+        first = batch <= tv.FINISH_INSIDE_BATCH
+        assert [bool(s.get("finish_inside")) for s in seeds] == [first, not first] * (len(seeds) // 2), batch
+        assert all({**a, "finish_inside": True} == {**b, "finish_inside": True} for a, b in zip(seeds[::2], seeds[1::2]))
+        assert all(s in cls.configs_for({**shape, "batch_size": batch}, "cuda", "bf16") for s in seeds)

@@ -18,7 +18,7 @@ import triton.language as tl  # noqa: E402
 
 from autofuse.core import registry
 from autofuse.kernels import autograd  # noqa: E402
-from autofuse.tuning.gate import CheckCase, check_variant  # noqa: E402
+from autofuse.tuning.gate import CheckCase, build_case, check_variant  # noqa: E402
 
 SIZES = ((1, 37, 53), (37, 40, 33))  # batch 1 (BN training skips it: needs 2), odd sizes
 CONFIGS = {  # the two schedules and both operand paths
@@ -1016,6 +1016,75 @@ def lse_mish_bf16(model, x, tile_n=None) -> tuple[torch.Tensor, torch.Tensor]:
     return z, r(z * r(z * torch.tanh(torch.log1p(torch.exp(z)))))
 
 
+def finish_inside() -> list[str]:
+    """22's and 99's finish inside the GEMM's launch (``finish_inside``): the output equals the
+    two-launch path's bit for bit, for float32 models at fp32 (float16 parts; x's rows made wide, so
+    the range check's exact path takes tiles again: in a second launch on the grid, which then
+    finishes, and in the same one when persistent), tf32 and bf16, and for bfloat16 models; at batch
+    1, a batch over three row tiles and odd sizes, both schedules. A second call equals the first and
+    the counter is 0 after each (the next launch counts from it). A row's pairs merged in several
+    steps (``merged_partials``, as the finish does past 256 column tiles) give what one step gives,
+    within float32's rounding. Where no counter is free (``Arrivals.counter`` None) the call
+    finishes in a launch of its own, and equals it too."""
+    from autofuse.kernels.triton import host
+
+    failures = []
+    models = (("fp32", torch.float32, "split_fp16"), ("tf32", torch.float32, "scaled_fp16"),
+              ("bf16", torch.float32, "cast_pass"), ("bf16", torch.bfloat16, "cast_pass"))
+    for problem, (precision, dtype, operands), config, sizes in itertools.product(
+            ("matmul_clamp_lse_mish", "matmul_gelu_softmax"), models, ("persistent-pointers", "grid-tma"),
+            ((1, 40, 53), (37, 24, 70))):
+        prob = registry.get_problem(problem)
+        cls = registry.get_variant(problem, "triton")
+        shape = dict(zip(prob.dims, sizes))
+        model, x = build_case(prob, CheckCase(shape, "randn", 5, False), "cpu", dtype, "train")
+        if precision == "fp32":
+            _wide_case(prob, model, x, "x", 1e8, False, torch.Generator().manual_seed(5))
+        params = {**CONFIGS[config], "operands": operands}
+        apart, inside = cls(precision, **params), cls(precision, **params, finish_inside=True)
+        with torch.no_grad():
+            want = apart(model, x)
+            got = [inside(model, x) for _ in range(2)]
+        counters = inside._arrivals._buffers[torch.device("cpu")]
+        what = f"{problem} {precision} {dtype} {operands} {config} {sizes}"
+        print(f"{what}: equal {[torch.equal(g, want) for g in got]}", flush=True)
+        if not all(torch.equal(g, want) for g in got):
+            failures.append(f"{what}: the finish inside differs from the finish apart, by up to "
+                            f"{max((g.float() - want.float()).abs().max().item() for g in got):.3g}")
+        if counters.any():
+            failures.append(f"{what}: a counter was left at {counters.nonzero().tolist()}")
+        if (precision, sizes) == ("fp32", (37, 24, 70)):
+            weight = getattr(model, prob.linear_attr).weight.detach().contiguous()
+            flagged = host.fp16_input_parts(x, True, *host.fp16_weight_parts(weight, True))[0][2]
+            if not (flagged < 0).any():
+                failures.append(f"{what}: no row of x is flagged: the exact path is not what this checks")
+    prob = registry.get_problem("matmul_clamp_lse_mish")
+    cls = registry.get_variant(prob.name, "triton")
+    kernels = cls("fp32").module()
+    generator = torch.Generator().manual_seed(7)
+    rows, parts = 19, 37
+    part_max = torch.randn(rows, parts, generator=generator) * 20
+    part_sum = torch.rand(rows, parts, generator=generator) * 50 + 1
+    top = part_max.double().amax(1, keepdim=True)
+    want = top + (part_sum.double() * (part_max.double() - top).exp()).sum(1, keepdim=True).log()
+    for block_p in (64, 4):  # one step, ten
+        z, out = torch.empty(rows, 1), torch.empty(rows, 1)
+        kernels.lse_mish_finish[(2,)](part_max, part_sum, z, out, rows, parts, BLOCK_R=16, BLOCK_P=block_p)
+        error = ((z.double() - want).abs() / want.abs()).max().item()
+        print(f"pairs merged {block_p} a step: z's relative error {error:.3g}", flush=True)
+        if not error <= 4 * 2.0 ** -24:
+            failures.append(f"pairs merged {block_p} a step: z's relative error {error:.3g}")
+    model, x = build_case(prob, CheckCase(dict(zip(prob.dims, (5, 24, 70))), "randn", 5, False), "cpu",
+                          torch.float32, "train")
+    inside = cls("bf16", **CONFIGS["grid-tma"], operands="cast_pass", finish_inside=True)
+    inside._arrivals.counter = lambda device: None
+    with torch.no_grad():
+        apart_out = cls("bf16", **CONFIGS["grid-tma"], operands="cast_pass")(model, x)
+        if not torch.equal(inside(model, x), apart_out):
+            failures.append("without a free counter the call differs from the finish apart")
+    return failures
+
+
 def bf16_22_cases(prob) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
     """22's bfloat16 models and inputs whose GEMM is exact in float32, by name. "randn": x on a 2⁻⁴
     grid, W and b on 2⁻¹⁰'s (``build_case_bf16``; K = 40, so every partial sum is a multiple of
@@ -1306,6 +1375,7 @@ if __name__ == "__main__":
                 "exact_path_sum": exact_path_sum, "lucky_floor": lucky_floor,
                 "bf16_model_serving": bf16_model_serving,
                 "bf16_model_rounds_as_the_reference": bf16_model_rounds_as_the_reference,
+                "finish_inside": finish_inside,
                 "bf16_model_bn_rounds_as_the_reference": bf16_model_bn_rounds_as_the_reference}
     found = problems[check](*args)
     for line in found:

@@ -13,7 +13,9 @@ reference does, which rounds each exp(v − max) against the row's max, so the e
 the clamped logits in bfloat16 and ``lse_mish_finish_bf16`` sums them again per row (from the
 pairs alone z was one bfloat16 step off in 3 of 1024 rows on an H100 at 1024×8192², z·mish(z)
 then past KernelBench's 1e-2). That costs a bfloat16 write and read of the logits, 16 MB each at
-1024×8192, for bfloat16 models only. The main loop is the shared one
+1024×8192, for bfloat16 models only. A small tile's configuration may take the finish inside the
+GEMM's launch (``finish_inside``, without a gradient): the last program to finish its tiles
+merges every row (``lse_mish_finish_inside``), so a call is one launch. The main loop is the shared one
 (``autofuse.kernels.triton.gemm``). Kernels: triton_kernels.py. Preconditions: float32 tensors,
 or a bfloat16 model's under bf16 (its output bfloat16, every sum float32), made contiguous, on
 CUDA, or on the CPU under TRITON_INTERPRET=1; any sizes; s, lo, hi read from the model at every
@@ -54,6 +56,7 @@ class TritonClampLseMish(TritonVariant):
     # (H100, 1024×8192², saving the factors against the logits: the grad-mode forward 0.2119 against
     # 0.2151 ms, the training step 0.4593 against 0.4688).
     saves_softmax_parts = True
+    finishes_inside = True
 
     def forward(self, model, x):
         scalars = clamp_lse_scalars(model)
@@ -79,7 +82,14 @@ class TritonClampLseMish(TritonVariant):
         part_max = torch.empty(batch, tiles, device=x.device)
         part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
-        self.launch_gemm("clamp_lse_partials", xs, weights, (b, y, q, v, part_max, part_sum, t, lo, hi))
+        partials = (b, y, q, v, part_max, part_sum, t, lo, hi)
+        arrivals = self._arrivals.counter(x.device) if self.params.get("finish_inside") and not save else None
+        if arrivals is not None:  # one launch: its last program finishes (no z: nothing saved)
+            out = torch.empty(batch, 1, device=x.device, dtype=dtype)
+            self.launch_gemm("clamp_lse_partials", xs, weights, partials,
+                             finish=("lse_mish_finish_inside", (arrivals, part_max, part_sum, v, out)))
+            return out, ()
+        self.launch_gemm("clamp_lse_partials", xs, weights, partials)
         z = torch.empty(batch, 1, device=x.device)
         out = torch.empty(batch, 1, device=x.device, dtype=dtype)
         if v is None:

@@ -17,7 +17,13 @@ import triton
 import triton.language as tl
 
 # parts_block is imported for the variant, which sizes its launches through this module.
-from autofuse.kernels.triton.gemm import bfloat16_round, exp_nonpositive, parts_block, store_gradient  # noqa: F401
+from autofuse.kernels.triton.gemm import (  # noqa: F401
+    bfloat16_round,
+    exp_nonpositive,
+    merged_partials,
+    parts_block,
+    store_gradient,
+)
 
 
 @triton.jit
@@ -69,52 +75,44 @@ def tanh_softplus(z):
 
 
 @triton.jit
-def merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P: tl.constexpr):
-    """Per row, (the row's max, Σ over its tiles of the tile's sum scaled to that max) from
-    ``clamp_lse_partials``' pairs; rows past M give (0, 1), which keeps their arithmetic finite."""
-    p = tl.arange(0, BLOCK_P)
-    mask = (rows[:, None] < M) & (p[None, :] < PARTS)
-    offsets = rows[:, None] * PARTS + p[None, :]
-    part_max = tl.load(part_max_ptr + offsets, mask=mask, other=float("-inf"))
-    part_sum = tl.load(part_sum_ptr + offsets, mask=mask, other=0.0)
-    row_max = tl.max(part_max, axis=1)
-    row_max = tl.where(rows < M, row_max, 0.0)
-    total = tl.sum(part_sum * exp_nonpositive(part_max - row_max[:, None]), axis=1)
-    return row_max, tl.where(rows < M, total, 1.0)
+def lse_mish_rows(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, rows, M, PARTS, BLOCK_P: tl.constexpr):
+    """A float32 model's z = max + log Σ for ``rows`` (kept for the backward where z_ptr is not
+    None) and out = z·mish(z), float32-accurate."""
+    row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P)
+    z = row_max + tl.log(total)  # the backward's z (its softmax is exp(v − z)): float32-accurate
+    if z_ptr is not None:
+        tl.store(z_ptr + rows, z, mask=rows < M)
+    tl.store(out_ptr + rows, z * z * tanh_softplus(z), mask=rows < M)
 
 
 @triton.jit
 def lse_mish_finish(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, PARTS,
                     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    """A float32 model's z = max + log Σ per row (kept for the backward) and out = z·mish(z),
-    float32-accurate, BLOCK_R rows a program."""
+    """``lse_mish_rows``, BLOCK_R rows a program."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P)
-    z = row_max + tl.log(total)  # the backward's z (its softmax is exp(v − z)): float32-accurate
-    tl.store(z_ptr + rows, z, mask=rows < M)
-    tl.store(out_ptr + rows, z * z * tanh_softplus(z), mask=rows < M)
+    lse_mish_rows(part_max_ptr, part_sum_ptr, z_ptr, out_ptr, rows, M, PARTS, BLOCK_P)
 
 
 @triton.jit
-def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N, PARTS, BLOCK_R: tl.constexpr,
-                         BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
-    """A bfloat16 model's finish: z as ``lse_mish_finish`` keeps it for the backward, and out
-    rounded where its bfloat16 reference stores a tensor (``bfloat16_round``). torch's logsumexp of
-    a bfloat16 row is m = max(v), then v − m, its exp, their sum (float32 inside), its log and
-    log + m, each stored in bfloat16; then mish(z) and z·mish(z). So each term exp(v − m) is
-    rounded against the row's max, which the per-tile pairs (each relative to its tile's max,
-    unrounded) cannot reproduce: z from them, rounded as the chain here, differed by one bfloat16
-    step in 3 of 1024 rows (H100, 1024×8192², KernelBench's inputs; 335 with z rounded once), and
-    z·mish(z) then past atol = rtol = 1e-2; with the terms rounded so (emulated on the host), all
-    1024 matched. So this pass reads each row's v again (bfloat16, stored by ``clamp_lse_partials``),
-    BLOCK_C columns at a time, BLOCK_R rows a program; m is the pairs' max, which is max(v)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+def lse_mish_rows_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, rows, M, N, PARTS, BLOCK_C: tl.constexpr,
+                       BLOCK_P: tl.constexpr):
+    """A bfloat16 model's finish for ``rows``: z as ``lse_mish_rows`` keeps it for the backward
+    (where z_ptr is not None), and out rounded where its bfloat16 reference stores a tensor
+    (``bfloat16_round``). torch's logsumexp of a bfloat16 row is m = max(v), then v − m, its exp,
+    their sum (float32 inside), its log and log + m, each stored in bfloat16; then mish(z) and
+    z·mish(z). So each term exp(v − m) is rounded against the row's max, which the per-tile pairs
+    (each relative to its tile's max, unrounded) cannot reproduce: z from them, rounded as the chain
+    here, differed by one bfloat16 step in 3 of 1024 rows (H100, 1024×8192², KernelBench's inputs;
+    335 with z rounded once), and z·mish(z) then past atol = rtol = 1e-2; with the terms rounded so
+    (emulated on the host), all 1024 matched. So this reads each row's v again (bfloat16, stored
+    by ``clamp_lse_partials``), BLOCK_C columns at a time; m is the pairs' max, which is max(v)."""
     row_ok = rows < M
     row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P)
-    tl.store(z_ptr + rows, row_max + tl.log(total), mask=row_ok)  # the backward's z: float32-accurate
+    if z_ptr is not None:
+        tl.store(z_ptr + rows, row_max + tl.log(total), mask=row_ok)  # the backward's z: float32-accurate
     cols = tl.arange(0, BLOCK_C)
     row_v = v_ptr + rows[:, None].to(tl.int64) * N
-    acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)  # per column slot: one sum across the row at the end
+    acc = tl.zeros((rows.shape[0], BLOCK_C), tl.float32)  # per column slot: one sum across the row at the end
     for start in range(0, N, BLOCK_C):
         mask = row_ok[:, None] & (start + cols < N)[None, :]
         v = tl.load(row_v + start + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
@@ -124,6 +122,41 @@ def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N
     zb = bfloat16_round(row_max + bfloat16_round(tl.log(bfloat16_round(s))))
     out = bfloat16_round(zb * bfloat16_round(zb * tanh_softplus(zb)))  # so the store's conversion is exact
     tl.store(out_ptr + rows, out.to(tl.bfloat16), mask=row_ok)
+
+
+@triton.jit
+def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N, PARTS, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """``lse_mish_rows_bf16``, BLOCK_R rows a program."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    lse_mish_rows_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, rows, M, N, PARTS, BLOCK_C, BLOCK_P)
+
+
+# The finish inside the GEMM's launch (``lse_mish_finish_inside``), one program's work: a float32
+# model's rows INSIDE_ROWS at a time, INSIDE_PARTS pairs a step; a bfloat16 model's one row at a
+# time, INSIDE_COLS logits a step (one step for 4096 columns, two at 8192). The GEMM kernel takes
+# its registers: the 16×64 seed's from 44 to 148 a thread (bf16) and 75 to 128 (a bfloat16 model;
+# sm_90, Triton 3.9), where its stages' shared memory (120 KB) fits one block an SM either way.
+INSIDE_ROWS = tl.constexpr(16)
+INSIDE_PARTS = tl.constexpr(256)
+INSIDE_COLS = tl.constexpr(4096)
+
+
+@triton.jit
+def lse_mish_finish_inside(M, N, num_n, args):
+    """The finish of every row, by the GEMM's last program to arrive (``persistent_gemm``'s FINISH):
+    the call in one launch. args: (the counter, part_max_ptr, part_sum_ptr, v_ptr, out_ptr), the
+    pairs and a bfloat16 model's logits as ``clamp_lse_partials`` stored them. For small batches,
+    whose rows one program merges in a few steps; without a gradient (z is not kept)."""
+    _, part_max_ptr, part_sum_ptr, v_ptr, out_ptr = args
+    if v_ptr is None:
+        for start in range(0, M, INSIDE_ROWS):
+            lse_mish_rows(part_max_ptr, part_sum_ptr, None, out_ptr, start + tl.arange(0, INSIDE_ROWS), M, num_n,
+                          INSIDE_PARTS)
+    else:
+        for row in range(0, M):
+            lse_mish_rows_bf16(v_ptr, part_max_ptr, part_sum_ptr, None, out_ptr, row + tl.arange(0, 1), M, N,
+                               num_n, INSIDE_COLS, INSIDE_PARTS)
 
 
 @triton.jit

@@ -4,7 +4,8 @@
 accumulator, + bias, exact GELU, the logits stored once, and per row of the tile the
 online-softmax partial (max, Σ exp(v − max)) over the tile's columns. ``softmax_normalize``:
 per row, the partials merged with the max subtracted (no overflow at any magnitude), then
-out = exp(v − max) / Σ over the row, in place (or into a bfloat16 model's output). The
+out = exp(v − max) / Σ over the row, in place (or into a bfloat16 model's output);
+``softmax_finish_inside`` the same in the GEMM's launch (a small tile's ``finish_inside``). The
 backward's kernels load out and g in either dtype and compute in float32.
 ``softmax_grad_rows`` and ``gelu_softmax_backward``: ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the
 row sums by one program per row, then dy in tiles, written in the layouts the backward's GEMMs
@@ -19,6 +20,7 @@ from autofuse.kernels.triton.gemm import (  # noqa: F401
     exp_nonpositive,
     gelu,
     gelu_grad,
+    merged_partials,
     parts_block,
     row_block,
     store_gradient,
@@ -62,6 +64,32 @@ def softmax_normalize(logits_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
         v = tl.load(logits_ptr + base + cols, mask=cols < N, other=0.0)
         prob = exp_nonpositive(v - row_max) * inv_total
         tl.store(out_ptr + base + cols, prob.to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+# The finish inside the GEMM's launch (``softmax_finish_inside``), one program's work: a row at a
+# time, its pairs INSIDE_PARTS a step and its logits INSIDE_COLS a step (as 22's, whose registers
+# its triton_kernels.py gives).
+INSIDE_PARTS = tl.constexpr(256)
+INSIDE_COLS = tl.constexpr(4096)
+
+
+@triton.jit
+def softmax_finish_inside(M, N, num_n, args):
+    """``softmax_normalize`` of every row, by the GEMM's last program to arrive (``persistent_gemm``'s
+    FINISH): the call in one launch, for small batches. args: (the counter, logits_ptr, out_ptr,
+    part_max_ptr, part_sum_ptr)."""
+    _, logits_ptr, out_ptr, part_max_ptr, part_sum_ptr = args
+    cols = tl.arange(0, INSIDE_COLS)
+    for row in range(0, M):
+        rows = row + tl.arange(0, 1)
+        row_max, total = merged_partials(part_max_ptr, part_sum_ptr, rows, M, num_n, INSIDE_PARTS)
+        inv_total = 1.0 / total
+        row_start = rows[:, None].to(tl.int64) * N
+        for start in range(0, N, INSIDE_COLS):
+            mask = (start + cols < N)[None, :]
+            v = tl.load(logits_ptr + row_start + start + cols[None, :], mask=mask, other=0.0)
+            prob = exp_nonpositive(v - row_max[:, None]) * inv_total[:, None]
+            tl.store(out_ptr + row_start + start + cols[None, :], prob.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

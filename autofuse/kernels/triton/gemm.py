@@ -535,7 +535,7 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
                     GROUP_M: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET: tl.constexpr, EPILOGUE: tl.constexpr, x32_ptr=None, w32_ptr=None,
                     EXACT_K: tl.constexpr = 0, x32_strides=None, w32_strides=None, EXACT_PASS: tl.constexpr = False,
-                    EXACT_INLINE: tl.constexpr = False):
+                    EXACT_INLINE: tl.constexpr = False, FINISH: tl.constexpr = None, finish_args=None):
     """x·Wᵀ (M × N) tile by tile, each tile's float32 accumulator handed to EPILOGUE in registers:
     the main loop of every ``triton`` variant's forward and of the fp32 backward's GEMMs, written once.
 
@@ -568,6 +568,12 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
     (``TritonVariant.EXACT_APART``). Written as the second launch's part is (a where on the tile
     count, the barrier inside each flagged tile's branch), the inline part cost 99's tf32 forward
     4.7%; as below, 2.0%.
+
+    FINISH (a ``@triton.jit`` function ``(M, N, num_n, args)``, or None): what the call does after
+    the GEMM, run by the program that arrives last at the counter ``finish_args[0]``
+    (``last_to_arrive``: each program arrives once, after its tiles and their exact redo), with
+    ``finish_args``: a row merge that would otherwise take a launch of its own. Where the exact
+    path takes a second launch, that launch finishes.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -595,6 +601,9 @@ def persistent_gemm(x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, x_desc, x_lo_desc, w_desc,
             redo_if_flagged(tile, x32_ptr, w32_ptr, x32_strides, w32_strides, x_scale_ptr, w_scale_ptr,
                             epilogue_args, M, N, K, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M, EXACT_K,
                             MODE == "fp16", EPILOGUE)
+    if FINISH is not None and (EXACT_K == 0 or EXACT_INLINE or EXACT_PASS):  # this launch ends the call
+        if last_to_arrive(finish_args[0], tl.num_programs(0)):
+            FINISH(M, N, num_n, finish_args)
 
 
 @triton.jit
@@ -609,6 +618,26 @@ def redo_if_flagged(tile, x32_ptr, w32_ptr, x32_strides, w32_strides, x_scale_pt
         acc = exact_tile(x32_ptr, w32_ptr, x32_strides, w32_strides, M, N, K, pid_m, pid_n, BLOCK_M, BLOCK_N,
                          EXACT_K, TF32)
         EPILOGUE(acc, rm, rn, rm < M, rn < N, pid_m, pid_n, num_n, M, N, epilogue_args)
+
+
+@triton.jit
+def last_to_arrive(arrivals_ptr, arrivals):
+    """Whether this program is the ``arrivals``-th to arrive at the int32 counter ``arrivals_ptr``
+    (0 when the launch starts): the one program that may then read what every other stored before
+    arriving, and so finish the launch's work in it (``persistent_gemm``'s FINISH: one launch a call
+    where a second kernel would cost its launch and the gap before it). That program sets the
+    counter back to 0 for the next launch (``host.Arrivals`` hands out the counters).
+
+    The atomic is one thread's: the barrier before it puts the stores of every warp of this program
+    ahead of its release, and the barrier after it every warp's loads behind its acquire (the
+    pattern of CUTLASS's semaphore). Under the interpreter the programs run one after another and
+    the last one finishes."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    last = ticket == arrivals - 1
+    tl.store(arrivals_ptr, 0, mask=last)
+    return last
 
 
 @triton.jit
@@ -700,6 +729,27 @@ def exp_nonpositive(x):
     k = tl.floor(x * 1.4426950408889634 + 0.5)
     r = (x - k * 0.693145751953125) - k * 1.4286068203094173e-06
     return tl.exp2(r * 1.4426950408889634) * tl.exp2(k)
+
+
+@triton.jit
+def merged_partials(part_max_ptr, part_sum_ptr, rows, M, PARTS, BLOCK_P: tl.constexpr):
+    """Per row, (the row's max, Σ over its tiles of the tile's sum scaled to that max) from an
+    epilogue's per-tile pairs (max, Σ exp(v − max)), PARTS a row, BLOCK_P a step, each step's sum
+    rescaled to the new max (one step where a finish kernel sizes BLOCK_P to hold a row's pairs:
+    ``parts_block``); rows past M give (0, 1), which keeps their arithmetic finite."""
+    p = tl.arange(0, BLOCK_P)
+    row_max = tl.full(rows.shape, float("-inf"), tl.float32)
+    total = tl.zeros(rows.shape, tl.float32)
+    for start in range(0, PARTS, BLOCK_P):
+        mask = (rows[:, None] < M) & (start + p[None, :] < PARTS)
+        offsets = rows[:, None] * PARTS + start + p[None, :]
+        part_max = tl.load(part_max_ptr + offsets, mask=mask, other=float("-inf"))
+        part_sum = tl.load(part_sum_ptr + offsets, mask=mask, other=0.0)
+        new_max = tl.where(rows < M, tl.maximum(row_max, tl.max(part_max, axis=1)), 0.0)
+        total = total * exp_nonpositive(row_max - new_max) + tl.sum(
+            part_sum * exp_nonpositive(part_max - new_max[:, None]), axis=1)
+        row_max = new_max
+    return row_max, tl.where(rows < M, total, 1.0)
 
 
 @triton.jit

@@ -182,6 +182,48 @@ def launch_main_loop(grid: tuple[int], exact_inline: bool = False, **arguments: 
         kernel[grid](**arguments, EXACT_PASS=True)
 
 
+class Arrivals:
+    """The zeroed int32 counters of kernels whose last program to arrive finishes the launch
+    (``gemm.last_to_arrive``, which sets its counter back to 0). Launches that may run at once must
+    not share one: plain calls take their stream's own (calls on one stream run in order), and a
+    call being captured into a CUDA graph takes one nobody else will, since its replays may run
+    beside another stream's calls. The counters are zeroed once, in a buffer made by the first
+    plain call on a device (a capture's warm-up calls run plain first); ``counter`` gives None where
+    the buffer does not exist yet during a capture, or all its counters are given: the caller then
+    finishes in a launch of its own."""
+
+    SLOTS = 256
+
+    def __init__(self):
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+        self._taken: dict[torch.device, int] = {}  # counters given on the device
+        self._streams: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, stream) -> its counter
+
+    def counter(self, device: torch.device) -> torch.Tensor | None:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        stream = None if capturing else (device, _raw_stream(device) if device.type == "cuda" else 0)
+        counter = self._streams.get(stream)
+        if counter is not None:
+            return counter
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            if capturing:
+                return None
+            buffer = self._buffers[device] = torch.zeros(self.SLOTS * 4, device=device, dtype=torch.int32)
+        slot = self._taken.get(device, 0)
+        if slot == self.SLOTS:
+            return None
+        self._taken[device] = slot + 1
+        counter = buffer[4 * slot:4 * slot + 1]  # 16 bytes apart: Triton specializes a pointer's alignment
+        if stream is not None:
+            self._streams[stream] = counter
+        return counter
+
+
+def _raw_stream(device: torch.device) -> int:
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def loop_operands(xs: Operand, weights: Operand, split: bool, tma_blocks: tuple[int, int, int] | None,
                   w_descs: tuple | None = None) -> dict[str, Any]:
     """The operand arguments of ``gemm.persistent_gemm``, built here once for every launch:

@@ -40,6 +40,7 @@ from autofuse.errors import InputError
 from autofuse.kernels.autograd import CUBLAS
 from autofuse.kernels.cuda_variant import operand
 from autofuse.kernels.triton.host import (
+    Arrivals,
     Operand,
     bfloat16_whole_tiles,
     descriptors,
@@ -130,6 +131,12 @@ INTERPRETER_SPACE = {"tiles": ((16, 16), (32, 16)), "small_tiles": ((16, 32),), 
 SMALL_BATCH = 256
 SMALL_TILES = ((16, 64), (16, 32), (32, 64), (32, 128), (64, 64), (16, 128))
 SMALL_BLOCK_KS = (64, 128, 256)
+# Up to this batch a batch class's small-tile seeds put the finish inside the GEMM's launch first
+# (``TritonVariant.finishes_inside``), so rung 1 races it under the quick budget, which takes one
+# seed. Its finish is one program's: 22's for a bfloat16 model and 99's read a row at a time, two
+# dependent 4096-column steps of 8192, so at rung 8 sixteen in a row, where a launch of its own
+# reads the rows in parallel. Not yet timed on a GPU (benchmarks/gpu/finish_inside.py).
+FINISH_INSIDE_BATCH = 4
 
 
 def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> list[dict[str, Any]]:
@@ -274,15 +281,25 @@ class TritonVariant(Variant):
 
     in_dim: ClassVar[str] = "in_features"  # the shape parameter that is K
     batch_dim: ClassVar[str] = "batch_size"  # the one that is M: small batches add small tiles
+    # Whether the forward's row finish can run inside the GEMM's launch: then each small tile also
+    # comes with ``finish_inside`` (the last program to arrive finishes: ``gemm.persistent_gemm``'s
+    # FINISH), where a second launch and the gap before it are a few µs of a call the weight's
+    # read sets. The batch classes' seeds race it first up to FINISH_INSIDE_BATCH rows.
+    finishes_inside: ClassVar[bool] = False
 
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._weights = FoldCache()
+        self._arrivals = Arrivals()
         self.gemms = backward_gemms_for(self.params, precision)
 
     @classmethod
     def configs(cls, shape, device):
-        return gemm_configs(shape[cls.in_dim], device, shape.get(cls.batch_dim))
+        configs = gemm_configs(shape[cls.in_dim], device, shape.get(cls.batch_dim))
+        if not cls.finishes_inside:
+            return configs
+        small = INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
+        return configs + [{**c, "finish_inside": True} for c in configs if (c["block_m"], c["block_n"]) in small]
 
     @classmethod
     def small_batch_seeds(cls, shape, device, precision, like):
@@ -299,8 +316,15 @@ class TritonVariant(Variant):
         seeds = {}
         for config in sorted(same or configs, key=lambda c: (c["persistent"], c["stages"] < 3, -c["block_k"],
                                                              c["stages"] != 4)):
-            seeds.setdefault((config["block_m"], config["block_n"]), config)
-        return [seeds[tile] for tile in small if tile in seeds]
+            if not config.get("finish_inside"):
+                seeds.setdefault((config["block_m"], config["block_n"]), config)
+        seeds = [seeds[tile] for tile in small if tile in seeds]
+        if not cls.finishes_inside:
+            return seeds
+        inside_first = (shape.get(cls.batch_dim) or 1) <= FINISH_INSIDE_BATCH
+        pairs = [({**c, "finish_inside": True}, c) if inside_first else (c, {**c, "finish_inside": True})
+                 for c in seeds]
+        return [config for pair in pairs for config in pair]
 
     @classmethod
     def configs_for(cls, shape, device, precision):
@@ -415,15 +439,18 @@ class TritonVariant(Variant):
         parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
 
-    def launch_gemm(self, epilogue: str, xs: Operand, weights: Operand, args: tuple) -> None:
+    def launch_gemm(self, epilogue: str, xs: Operand, weights: Operand, args: tuple,
+                    finish: tuple[str, tuple] | None = None) -> None:
         """x·Wᵀ through the shared main loop (``gemm.persistent_gemm``), each tile handed to
         ``epilogue`` (a ``@triton.jit`` function of the variant's kernel module) with ``args``, its
         own pointers and scalars; M, N and K are the operands' (``operands()``), the grid
-        ``launch_grid``'s."""
+        ``launch_grid``'s. ``finish``: (a function of the module, its arguments, a zeroed counter
+        first: ``host.Arrivals``), run in the same launch after every tile (its FINISH)."""
         p, (m, k), n = self.params, xs[0].shape, weights[0].shape[0]
         grid = launch_grid(m, n, p["block_m"], p["block_n"], p["persistent"], xs[0].device)
         inline = p["persistent"] and (epilogue, self._loop_constants()["MODE"]) not in self.EXACT_APART
+        extra = {} if finish is None else {"FINISH": self.module().epilogue(finish[0]), "finish_args": finish[1]}
         launch_main_loop(grid, inline, **self.main_loop(xs, weights), M=m, N=n, K=k, epilogue_args=args,
-                         EPILOGUE=self.module().epilogue(epilogue))
+                         EPILOGUE=self.module().epilogue(epilogue), **extra)
 
 

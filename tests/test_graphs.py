@@ -190,13 +190,18 @@ class FakeRepointer:
             self.graph.at[0] = x
 
 
+def _repoint_with(monkeypatch, repointer: type, sees: str, reach=(512, 512)) -> None:
+    """Graphs re-pointed by ``repointer`` (FakeRepointer or one of its kind) as far as they ``sees``;
+    ``reach``: what ``repoint.segment_reach`` gives (no caching allocator here)."""
+    monkeypatch.setattr(graphs.repoint.Repointer, "of", staticmethod(lambda graph, tensors: repointer(graph, sees)))
+    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)  # the CPU allocator aligns to 64 bytes, not 256
+    monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: reach)
+
+
 @pytest.fixture(params=["x and out", "out", "nothing"])
 def repointable(request, fake_cuda, monkeypatch):
     """Graphs that re-point as far as they see (FakeRepointer)."""
-    monkeypatch.setattr(graphs.repoint.Repointer, "of",
-                        staticmethod(lambda graph, tensors: FakeRepointer(graph, request.param)))
-    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)  # the CPU allocator aligns to 64 bytes, not 256
-    monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: (512, 512))  # no caching allocator here
+    _repoint_with(monkeypatch, FakeRepointer, request.param)
     return request.param
 
 
@@ -219,9 +224,7 @@ def _write_past(t):
 
 
 def test_a_graph_that_writes_past_its_repointed_output_is_not_repointed(fake_cuda, monkeypatch):
-    monkeypatch.setattr(graphs.repoint.Repointer, "of", staticmethod(lambda graph, tensors: WritingPast(graph, "x and out")))
-    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)
-    monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: (512, 512))
+    _repoint_with(monkeypatch, WritingPast, "x and out")
     module, call = _state_probe("matmul_gelu_softmax")
     xs = [torch.randn(3, 5) for _ in range(5)]
     outs = [call(module, x) for x in xs]
@@ -230,10 +233,8 @@ def test_a_graph_that_writes_past_its_repointed_output_is_not_repointed(fake_cud
 
 
 def test_a_graph_whose_output_no_allocator_segment_holds_is_not_repointed(fake_cuda, monkeypatch):
-    monkeypatch.setattr(graphs.repoint.Repointer, "of", staticmethod(lambda graph, tensors: FakeRepointer(graph, "x and out")))
-    monkeypatch.setattr(graphs.repoint, "ALIGNMENT", 1)
     for reach in (None, (graphs.repoint.GUARD_LIMIT, 512)):  # not the caching allocator's; guards past the limit
-        monkeypatch.setattr(graphs.repoint, "segment_reach", lambda t: reach)
+        _repoint_with(monkeypatch, FakeRepointer, "x and out", reach)
         module, call = _state_probe("matmul_gelu_softmax")
         for _ in range(graphs.WARM_CALLS + 2):
             call(module, torch.randn(3, 5))

@@ -27,7 +27,7 @@ def on_a_fake_gpu(monkeypatch):
     return state
 
 
-def test_a_stream_keeps_its_counter_and_another_stream_gets_another():
+def test_a_plain_call_gets_a_zeroed_counter_and_its_stream_keeps_it():
     arrivals = host.Arrivals()
     cpu = torch.device("cpu")
     first = arrivals.counter(cpu)

@@ -169,7 +169,7 @@ def test_the_exact_path_keeps_its_sums_rounding_error_interpreted():
     _run("exact_path_sum")
 
 
-def test_the_split_paths_pass_where_eagers_error_alone_was_a_lucky_floor_interpreted():
+def test_the_split_paths_pass_the_gate_where_eagers_error_alone_is_a_lucky_floor_interpreted():
     _run("lucky_floor")
 
 

@@ -1344,8 +1344,13 @@ def exact_path_sum() -> list[str]:
 
 
 def lucky_floor() -> list[str]:
-    """22's x-gradient at batch 1 on large inputs, seed 21 (tests/test_gate_floors.py): both split
-    paths pass the gate, and fail it with plain PyTorch's floor alone (its errors cancelled there)."""
+    """22's x-gradient at batch 1 on large inputs, seed 21 (tests/test_gate_floors.py), where plain
+    PyTorch's float32 error cancelled to a lucky 2e-5: both split paths pass the gate with both
+    floors. Whether they fail with eager's floor alone is printed, not required: it rests on the
+    interpreter's float32 products, which numpy's BLAS sums in an order it picks by CPU (the split
+    kernels' gradient was 1.0e-4 off and failed it on the machines of earlier stops; on an AMD EPYC
+    without AVX-512 it came within 4x the lucky error and passed). test_gate_floors.py shows the
+    lucky floor failing a variant two float32 roundings off, in torch's arithmetic alone."""
     from autofuse.tuning import gate as gate_module
 
     prob = registry.get_problem("matmul_clamp_lse_mish")
@@ -1356,8 +1361,8 @@ def lucky_floor() -> list[str]:
         variant = registry.get_variant(prob.name, "triton")("fp32", **CONFIGS["grid-tma"], operands=operands)
         result = check_variant(variant, prob, [case], "cpu", autograd=True)
         print(operands, floors, result.ok, result.reason, flush=True)
-        if result.ok != (floors == "both"):
-            failures.append(f"{operands} with {floors} floor{'s' if floors == 'both' else ''}: {result.reason}")
+        if floors == "both" and not result.ok:
+            failures.append(f"{operands} with both floors: {result.reason}")
     return failures
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from autofuse.core import registry
 from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.triton import host as triton_host
 from autofuse.kernels.triton import variant as tv
+from autofuse.tuning import batch_classes
 from autofuse.tuning.gate import CheckCase, build_case
 
 pytestmark = pytest.mark.skipif(tv.triton_missing() is not None, reason=f"needs triton: {tv.triton_missing()}")
@@ -67,9 +68,10 @@ def _on_any_device(*tensors, dtypes=(torch.float32,)):
     return all(t.dtype in dtypes and t.is_contiguous() for t in tensors)
 
 
-def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False, dtype=torch.float32):
+def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False, dtype=torch.float32,
+                      batch=None):
     """The launches of the variant's forward, or with ``backward`` those of its backward after it,
-    on a model of ``dtype``."""
+    on a model of ``dtype``, at SHAPES' batch or ``batch``."""
     # The kernel modules are imported anew with the interpreter off: another test of this session
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
@@ -80,7 +82,7 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
     record = []
     monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
     prob = registry.get_problem(problem)
-    shape = dict(zip(prob.dims, SHAPES[problem]))
+    shape = dict(zip(prob.dims, (batch or SHAPES[problem][0], *SHAPES[problem][1:])))
     model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", dtype, mode)
     variant = registry.get_variant(problem, "triton")(precision, **params)
     with torch.set_grad_enabled(grad):
@@ -101,7 +103,10 @@ def compile_for_hopper(fn, args, kwargs):
     """triton.compile of one recorded launch for sm_90, its arguments typed as Triton types them (without
     the 16-byte divisibility hints it adds for aligned pointers: they change load widths, not buffers).
     A tuple's items are typed one by one, its None items constants under their index paths, as Triton's
-    own launch makes them (``persistent_gemm``'s epilogue arguments)."""
+    own launch makes them (``persistent_gemm``'s epilogue arguments). An int equal to 1 is a constant,
+    as Triton's launch specializes it: at batch 1, M. A kernel may then fold a mask away and meet a
+    compiler pass the general case does not (Triton 3.6's thread-locality pass failed an assertion on
+    22's finish inside the launch at M = 1, a bfloat16 model, on the H200)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -112,10 +117,11 @@ def compile_for_hopper(fn, args, kwargs):
     signature, constants = {}, {}
     for param in fn.params:
         value = values.get(param.name, param.default)
-        if param.is_constexpr or value is None:
+        kind = "constexpr" if param.is_constexpr or value is None else mangle_type(value, not param.do_not_specialize)
+        if kind == "constexpr":
             signature[param.name], constants[param.name] = "constexpr", value
         else:
-            signature[param.name] = mangle_type(value)
+            signature[param.name] = kind
             if isinstance(value, tuple):
                 constants.update(_constant_items(value, signature[param.name], (param.num,)))
     return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
@@ -192,14 +198,19 @@ def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode
     assert "persistent_gemm" in names, names
 
 
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),
+                                             ("bf16", torch.float32), ("bf16", torch.bfloat16)])
 @pytest.mark.parametrize("problem,mode", CASES)
-def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, precision):
+@pytest.mark.parametrize("smallest", [False, True])
+def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, precision, dtype, smallest):
     """The batch classes' first small-tile seeds (16 rows, 4 warps: tl.dot's smallest M; k-slices up to
     256) compile within Hopper's shared memory, with the epilogue's reductions over 64- and 32-column
-    tiles; 22's and 99's with their finish inside the launch too (their seeds hold each tile twice)."""
+    tiles; 22's and 99's with their finish inside the launch too (their seeds hold each tile twice).
+    At SHAPES' batch and at the mode's smallest (1, M a constant; gemm_bn's training 2), for float32
+    and bfloat16 models."""
     prob = registry.get_problem(problem)
-    shape = dict(zip(prob.dims, SHAPES[problem]))
+    batch = batch_classes.smallest_batch(prob, mode) if smallest else SHAPES[problem][0]
+    shape = dict(zip(prob.dims, (batch, *SHAPES[problem][1:])))
     seeds = registry.get_variant(problem, "triton").small_batch_seeds(shape, "cuda", precision, tv.DEFAULTS[precision])
     tiles = list(dict.fromkeys((c["block_m"], c["block_n"]) for c in seeds))
     assert tiles[:2] == [(16, 64), (16, 32)], seeds
@@ -208,7 +219,8 @@ def test_the_small_batch_tiles_compile_for_hopper(monkeypatch, problem, mode, pr
         first = shape[prob.batch_dim] <= tv.FINISH_INSIDE_BATCH
         assert [c.get("finish_inside", False) for c in first_two] == [first, not first] * 2, first_two
     for params in first_two:
-        for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision, params, False):
+        for fn, args, kwargs in recorded_launches(monkeypatch, problem, mode, precision, params, False, dtype=dtype,
+                                                  batch=batch):
             kernel = compile_for_hopper(fn, args, dict(kwargs))
             assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__} at {params}: {kernel.metadata.shared} bytes"
 

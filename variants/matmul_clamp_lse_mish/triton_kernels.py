@@ -133,13 +133,17 @@ def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N
 
 
 # The finish inside the GEMM's launch (``lse_mish_finish_inside``), one program's work: a float32
-# model's rows INSIDE_ROWS at a time, INSIDE_PARTS pairs a step; a bfloat16 model's one row at a
-# time, INSIDE_COLS logits a step (one step for 4096 columns, two at 8192). The GEMM kernel takes
-# its registers: the 16×64 seed's from 44 to 148 a thread (bf16) and 75 to 128 (a bfloat16 model;
+# model's rows INSIDE_ROWS at a time, INSIDE_PARTS pairs a step; a bfloat16 model's two rows at a
+# time, INSIDE_COLS logits a step (two steps for 4096 columns, four at 8192). Two rows, not one:
+# at M = 1 Triton makes M a constant, and one row's block then has no mask left to keep; Triton
+# 3.6's thread-locality pass rewrote merged_partials' max of loaded pairs and failed an assertion
+# (H200, the bfloat16 model's batch-1 seed). The GEMM kernel takes the finish's registers: the
+# 16×64 seed's from 44 to 148 a thread (bf16) and 75 to 128 (a bfloat16 model, one row of 4096;
 # sm_90, Triton 3.9), where its stages' shared memory (120 KB) fits one block an SM either way.
 INSIDE_ROWS = tl.constexpr(16)
 INSIDE_PARTS = tl.constexpr(256)
-INSIDE_COLS = tl.constexpr(4096)
+INSIDE_ROWS_BF16 = tl.constexpr(2)
+INSIDE_COLS = tl.constexpr(2048)
 
 
 @triton.jit
@@ -154,9 +158,9 @@ def lse_mish_finish_inside(M, N, num_n, args):
             lse_mish_rows(part_max_ptr, part_sum_ptr, None, out_ptr, start + tl.arange(0, INSIDE_ROWS), M, num_n,
                           INSIDE_PARTS)
     else:
-        for row in range(0, M):
-            lse_mish_rows_bf16(v_ptr, part_max_ptr, part_sum_ptr, None, out_ptr, row + tl.arange(0, 1), M, N,
-                               num_n, INSIDE_COLS, INSIDE_PARTS)
+        for start in range(0, M, INSIDE_ROWS_BF16):
+            lse_mish_rows_bf16(v_ptr, part_max_ptr, part_sum_ptr, None, out_ptr, start + tl.arange(0, INSIDE_ROWS_BF16),
+                               M, N, num_n, INSIDE_COLS, INSIDE_PARTS)
 
 
 @triton.jit

@@ -67,8 +67,9 @@ def softmax_normalize(logits_ptr, out_ptr, part_max_ptr, part_sum_ptr, N, PARTS,
 
 
 # The finish inside the GEMM's launch (``softmax_finish_inside``), one program's work: a row at a
-# time, its pairs INSIDE_PARTS a step and its logits INSIDE_COLS a step (as 22's, whose registers
-# its triton_kernels.py gives).
+# time, its pairs INSIDE_PARTS a step and its logits INSIDE_COLS a step. One row's block compiles
+# at M = 1 here (Triton 3.6 and 3.9), where 22's failed (its triton_kernels.py says why): the rows'
+# max has one use after merged_partials' loop.
 INSIDE_PARTS = tl.constexpr(256)
 INSIDE_COLS = tl.constexpr(4096)
 

@@ -83,7 +83,7 @@ class TritonClampLseMish(TritonVariant):
         part_sum = torch.empty_like(part_max)
         t, lo, hi = scalars
         partials = (b, y, q, v, part_max, part_sum, t, lo, hi)
-        arrivals = self._arrivals.counter(x.device) if self.params.get("finish_inside") and not save else None
+        arrivals = self.finish_counter(x.device, save)
         if arrivals is not None:  # one launch: its last program finishes (no z: nothing saved)
             out = torch.empty(batch, 1, device=x.device, dtype=dtype)
             self.launch_gemm("clamp_lse_partials", xs, weights, partials,

@@ -43,7 +43,7 @@ class TritonGeluSoftmax(gradients.FusedGeluSoftmax, TritonVariant):
         part_sum = torch.empty_like(part_max)
         partials = (b, logits, y, part_max, part_sum)
         dtype = self.model_dtype(weight)
-        arrivals = self._arrivals.counter(x.device) if self.params.get("finish_inside") and not save else None
+        arrivals = self.finish_counter(x.device, save)
         if arrivals is not None:  # one launch: its last program normalizes the rows
             out = logits if dtype == logits.dtype else torch.empty(batch, n_out, device=x.device, dtype=dtype)
             self.launch_gemm("gelu_partials", xs, weights, partials,

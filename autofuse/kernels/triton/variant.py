@@ -139,6 +139,11 @@ SMALL_BLOCK_KS = (64, 128, 256)
 FINISH_INSIDE_BATCH = 4
 
 
+def small_tiles(device: str) -> tuple[tuple[int, int], ...]:
+    """The small-batch tiles (BLOCK_M, BLOCK_N) of ``device``'s space (the interpreter's on the CPU)."""
+    return INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
+
+
 def gemm_configs(n_in: int, device: str = "cuda", batch: int | None = None) -> list[dict[str, Any]]:
     """Every valid main-loop configuration for a K of ``n_in`` on ``device``, at any precision; at a
     ``batch`` up to ``SMALL_BATCH`` the small-batch tiles too. Fresh dicts in a fresh list: a
@@ -298,7 +303,7 @@ class TritonVariant(Variant):
         configs = gemm_configs(shape[cls.in_dim], device, shape.get(cls.batch_dim))
         if not cls.finishes_inside:
             return configs
-        small = INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
+        small = small_tiles(device)
         return configs + [{**c, "finish_inside": True} for c in configs if (c["block_m"], c["block_n"]) in small]
 
     @classmethod
@@ -308,7 +313,7 @@ class TritonVariant(Variant):
         # TMA where valid. Tiles at least as tall as the batch first (the smallest such), so W is
         # read once: at batch 64 a 16-row tile read it four times and lost to the 128-row winner
         # (fp32 22, H100: 0.195 ms), which then served batch 32 at twice the small tiles' time.
-        small = INTERPRETER_SPACE["small_tiles"] if device == "cpu" else SMALL_TILES
+        small = small_tiles(device)
         rows = min(shape.get(cls.batch_dim) or 1, max(bm for bm, _ in small))
         small = sorted(small, key=lambda tile: (tile[0] < rows, abs(tile[0] - rows), small.index(tile)))
         configs = [c for c in cls.configs_for(shape, device, precision) if (c["block_m"], c["block_n"]) in small]
@@ -438,6 +443,12 @@ class TritonVariant(Variant):
         """The weight the backward's cuBLAS GEMMs take: the bfloat16 copy under bf16, else the
         parameter itself (cuBLAS applies tf32 or fp32 to it as the precision says)."""
         return weights[0] if weights[0].dtype == torch.bfloat16 else weight.detach()
+
+    def finish_counter(self, device: torch.device, save: bool) -> torch.Tensor | None:
+        """The counter of a call whose row finish runs inside the GEMM's launch (``finish_inside``,
+        ``host.Arrivals``), or None: the finish then takes a launch of its own, as it does for a
+        call that keeps what a backward reads (the finish inside keeps nothing)."""
+        return self._arrivals.counter(device) if self.params.get("finish_inside") and not save else None
 
     def launch_gemm(self, epilogue: str, xs: Operand, weights: Operand, args: tuple,
                     finish: tuple[str, tuple] | None = None) -> None:

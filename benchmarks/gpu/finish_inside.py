@@ -1,7 +1,7 @@
 """Is the row finish inside the GEMM's launch worth its place? The small-tile seeds with and without it.
 
     python3 benchmarks/gpu/finish_inside.py [--problems matmul_clamp_lse_mish,matmul_gelu_softmax]
-        [--batches 1,8,32] [--features 8192] [--rounds 30]
+        [--batches 1,8,32] [--models fp32,bf16,bf16-bfloat16] [--features 8192] [--rounds 30]
 
 For 22 and 99 (the triton variants that can finish inside) at batch × features², under fp32 and
 bf16 (float32 models) and bf16 for a bfloat16 model: each of the first two small tiles the batch
@@ -27,7 +27,7 @@ from autofuse.tuning import timing
 from autofuse.tuning.gate import CheckCase, build_case
 from autofuse.tuning.timed_call import replayed_call
 
-MODELS = (("fp32", torch.float32), ("bf16", torch.float32), ("bf16", torch.bfloat16))
+MODELS = {"fp32": ("fp32", torch.float32), "bf16": ("bf16", torch.float32), "bf16-bfloat16": ("bf16", torch.bfloat16)}
 COPY_BYTES = 256 * 2 ** 20
 
 
@@ -60,11 +60,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", default="matmul_clamp_lse_mish,matmul_gelu_softmax")
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--models", default=",".join(MODELS), help="precision, -bfloat16 for a bfloat16 model")
     ap.add_argument("--features", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
-    keys = [(p, m, int(b)) for p in args.problems.split(",") for m in MODELS for b in args.batches.split(",")]
+    keys = [(p, MODELS[m], int(b)) for p in args.problems.split(",") for m in args.models.split(",")
+            for b in args.batches.split(",")]
     for problem, (precision, dtype), batch in keys:
         fns, weight_bytes = calls(problem, precision, dtype, batch, args.features)
         times = timing.time_interleaved(fns, "cuda", rounds=args.rounds)

@@ -133,10 +133,12 @@ SMALL_TILES = ((16, 64), (16, 32), (32, 64), (32, 128), (64, 64), (16, 128))
 SMALL_BLOCK_KS = (64, 128, 256)
 # Up to this batch a batch class's small-tile seeds put the finish inside the GEMM's launch first
 # (``TritonVariant.finishes_inside``), so rung 1 races it under the quick budget, which takes one
-# seed. Its finish is one program's: 22's for a bfloat16 model and 99's read a row at a time, two
-# dependent 4096-column steps of 8192, so at rung 8 sixteen in a row, where a launch of its own
-# reads the rows in parallel. Not yet timed on a GPU (benchmarks/gpu/finish_inside.py).
-FINISH_INSIDE_BATCH = 4
+# seed. Its finish is one program's, walking the rows in turn, where a launch of its own reads them
+# in parallel. H200, 8192², the 16×64 seed replayed (benchmarks/gpu/finish_inside.py), inside
+# against apart: at batch 1 1-5% faster (22 fp32 1.214x the weight read against 1.227, bf16 1.253
+# against 1.283, bfloat16 model 1.301 against 1.371; 99's bfloat16 model 1.286 against 1.326); at
+# batch 8 3-77% slower (22's bfloat16 model 2.43 against 1.37: about 4 µs a row), at 32 slower still.
+FINISH_INSIDE_BATCH = 1
 
 
 def small_tiles(device: str) -> tuple[tuple[int, int], ...]:

@@ -138,8 +138,9 @@ def lse_mish_finish_bf16(v_ptr, part_max_ptr, part_sum_ptr, z_ptr, out_ptr, M, N
 # at M = 1 Triton makes M a constant, and one row's block then has no mask left to keep; Triton
 # 3.6's thread-locality pass rewrote merged_partials' max of loaded pairs and failed an assertion
 # (H200, the bfloat16 model's batch-1 seed). The GEMM kernel takes the finish's registers: the
-# 16×64 seed's from 44 to 148 a thread (bf16) and 75 to 128 (a bfloat16 model, one row of 4096;
-# sm_90, Triton 3.9), where its stages' shared memory (120 KB) fits one block an SM either way.
+# 16×64 seed's from 44 to 148 a thread (bf16) and from 48 to 66 at M = 1 and 80 at M = 8 (a
+# bfloat16 model; no spills; sm_90, Triton 3.9), where its stages' shared memory (120 KB) fits one
+# block an SM either way.
 INSIDE_ROWS = tl.constexpr(16)
 INSIDE_PARTS = tl.constexpr(256)
 INSIDE_ROWS_BF16 = tl.constexpr(2)

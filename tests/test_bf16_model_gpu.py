@@ -6,7 +6,8 @@ bfloat16. Each is held to the gate at bf16 against the float64 reference (output
 statistics, and gradients of x and every parameter), whose floor is the eager bfloat16 model,
 at odd sizes and batch 1, and at a default shape, where the fused forward and backward are also
 compared with the eager bfloat16 model's directly. The cublas_epilogue variants of gemm_bn, 22 and 99
-serve a bfloat16 model's forward and are held to the eager bfloat16 model's own arithmetic. The interpreted CPU checks
+serve a bfloat16 model's forward and are held to the eager bfloat16 model's own arithmetic; 22's
+and 99's serve its gradients too, gated as the triton variants' are. The interpreted CPU checks
 (tests/test_triton_interpreted.py, ``bf16_model``) cover the kernels' logic; these run them compiled.
 """
 
@@ -56,11 +57,13 @@ def _grads(run, model, x, cotangent) -> dict:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["train", "eval"])
-@pytest.mark.parametrize("problem", PROBLEMS)
-def test_triton_bfloat16_model_at_a_default_shape_is_as_close_to_float64_as_eager(problem, mode):
+@pytest.mark.parametrize("problem,variant", [(p, "triton") for p in PROBLEMS]
+                         + [pytest.param(p, "cublas_epilogue", marks=pytest.mark.nvcc)
+                            for p in ("matmul_gelu_softmax", "matmul_clamp_lse_mish")])
+def test_a_bfloat16_model_at_a_default_shape_is_as_close_to_float64_as_eager(problem, variant, mode):
     """The gate at a default shape, then the output and every gradient against the float64 model:
     within twice the bf16 tolerance or twice the eager bfloat16 model's own error."""
-    prob, cls = registry.get_problem(problem), registry.get_variant(problem, "triton")
+    prob, cls = registry.get_problem(problem), registry.get_variant(problem, variant)
     if mode == "eval" and not prob.mode_sensitive:
         pytest.skip("one mode only")
     shape = dict(prob.default_shapes[-1])
@@ -144,8 +147,8 @@ def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_compu
 @pytest.mark.nvcc
 @pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish"])
 def test_cublas_epilogue_serves_a_bfloat16_models_forward_as_its_reference_computes_rows(problem):
-    """22's and 99's cublas_epilogue on a bfloat16 model, without gradients: the gate at odd sizes
-    and batch 1 for every row configuration kind, then the output against the eager bfloat16
+    """22's and 99's cublas_epilogue on a bfloat16 model: the gate at odd sizes and batch 1 for
+    every row configuration kind, gradients included, then the output against the eager bfloat16
     model's on KernelBench's rand inputs and on randn: within one bfloat16 step,
     2⁻⁸·(|out| + 1) (KernelBench's tolerance is 2.56 of these), and equal to it bit for bit in all
     but a few elements (the row's float32 sum is added in another order, so its bfloat16 rounding

@@ -68,10 +68,8 @@ def _on_any_device(*tensors, dtypes=(torch.float32,)):
     return all(t.dtype in dtypes and t.is_contiguous() for t in tensors)
 
 
-def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False, dtype=torch.float32,
-                      batch=None):
-    """The launches of the variant's forward, or with ``backward`` those of its backward after it,
-    on a model of ``dtype``, at SHAPES' batch or ``batch``."""
+def _recording(monkeypatch) -> list:
+    """The list every Triton launch through ``triton_host``'s kernel modules is appended to, from now on."""
     # The kernel modules are imported anew with the interpreter off: another test of this session
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
@@ -81,6 +79,14 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
         monkeypatch.delitem(sys.modules, name)
     record = []
     monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
+    return record
+
+
+def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backward=False, dtype=torch.float32,
+                      batch=None):
+    """The launches of the variant's forward, or with ``backward`` those of its backward after it,
+    on a model of ``dtype``, at SHAPES' batch or ``batch``."""
+    record = _recording(monkeypatch)
     prob = registry.get_problem(problem)
     shape = dict(zip(prob.dims, (batch or SHAPES[problem][0], *SHAPES[problem][1:])))
     model, x = build_case(prob, CheckCase(shape, "randn", 0, False), "cpu", dtype, mode)
@@ -196,6 +202,30 @@ def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode
             assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes"
             names.add(fn.__name__)
     assert "persistent_gemm" in names, names
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish"])
+def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monkeypatch, problem, batch):
+    """cublas_epilogue's backward of a bfloat16 model: the Triton passes on cuBLAS's bfloat16
+    logits (22's z from them too, ``clamp_lse_rows``), at batch 1 (M a constant) and 8."""
+    record = _recording(monkeypatch)
+    gradients = importlib.import_module(f"autofuse.variants.{problem}.gradients")
+    monkeypatch.setattr(gradients, "fused_kernels_apply", _on_any_device)
+    n_in, n_out = SHAPES[problem][1:]
+    x, w, b = (torch.randn(*s).bfloat16() for s in ((batch, n_in), (n_out, n_in), (n_out,)))
+    y, needs = torch.nn.functional.linear(x, w, b), (True, True, True)
+    if problem == "matmul_gelu_softmax":
+        gradients.backward((x, w, b, y, None, torch.softmax(y, dim=1)), torch.randn_like(y), needs, "bf16")
+    else:
+        gradients.backward((x, w, b, y, None, None), torch.randn(batch, 1).bfloat16(), needs, "bf16", (2.0, -1.0, 1.0))
+    names = set()
+    for fn, args, kwargs in record:
+        kernel = compile_for_hopper(fn, args, dict(kwargs))
+        assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
+        names.add(fn.__name__)
+    assert names == ({"softmax_grad_rows", "gelu_softmax_backward"} if problem == "matmul_gelu_softmax"
+                     else {"clamp_lse_rows", "clamp_lse_backward"}), names
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),

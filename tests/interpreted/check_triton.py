@@ -68,7 +68,9 @@ def backward_kernels() -> list[str]:
     """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
     row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
     of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
-    bfloat16; matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
+    bfloat16; 99's and 22's also from a bfloat16 model's logits (cublas_epilogue keeps cuBLAS's
+    bfloat16 y), and 22's z from the logits where no forward kept it (``clamped_logsumexp``);
+    matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
     ones against the formula from the logits, bfloat16 ones against the same formula); and
     gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
     then gemm_bn's per-column coefficients from either z."""
@@ -118,6 +120,10 @@ def backward_kernels() -> list[str]:
         runs = {
             "gelu_softmax": lambda lay: g99.epilogue_backward(y, out, grad, lay),
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
+            # a bfloat16 model's cuBLAS logits (cublas_epilogue), its output and ∂L/∂out in bfloat16
+            "gelu_softmax y16": lambda lay: g99.epilogue_backward(y.bfloat16(), out.bfloat16(), grad.bfloat16(), lay),
+            "clamp_lse y16": lambda lay: g22.epilogue_backward(y.bfloat16(), z, grad[:, :1].bfloat16(), 2.0, -1.0, 1.5,
+                                                               lay),
             "clamp_lse from q": lambda lay: g22.epilogue_backward_from_q(q, part_max, z_clamped,
                                                                          grad[:, :1].contiguous(), 2.0, 16, lay),
             "clamp_lse from q16": lambda lay: g22.epilogue_backward_from_q(q.bfloat16(), part_max, z_clamped,
@@ -147,6 +153,7 @@ def backward_kernels() -> list[str]:
         for z, shift, tile_rows, name in ((y, -mean[None], m, "plain z"), (y16, shift16, 16, "tiled bfloat16 z")):
             coefficients = lambda: gbn.bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, 1e-5)  # noqa: E731
             compare(f"bn_coefficients {(m, n)} {name}", coefficients(), torch_formula(coefficients))
+    failures += _clamped_logsumexp(generator, torch_formula)
     # 22 from softmax factors where a row has a NaN logit, and where a row is clamped whole but for
     # a NaN: NaN exactly where the formula from the logits puts it (the entries inside the clamp),
     # 0 elsewhere, as clamp's own backward gives; the kernel and its torch formula alike.
@@ -175,6 +182,28 @@ def backward_kernels() -> list[str]:
     print("gelu_softmax, one-hot rows", f"relative error {error:.3g} against float64", flush=True)
     if not error < 3e-7:
         failures.append(f"gelu_softmax on nearly one-hot rows: relative error {error:.3g} > 3e-7 against float64")
+    return failures
+
+
+def _clamped_logsumexp(generator, torch_formula) -> list[str]:
+    """22's z from the logits where the forward kept none (``clamp_lse_rows``) against torch's
+    logsumexp, float32 and bfloat16 logits: batch 1, a partial last row block, rows of several
+    column steps ending in a partial one, a row clamped whole, a row past both bounds, a NaN row."""
+    from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
+
+    failures = []
+    for m, n in ((1, 53), (5, 2500)):
+        y = torch.randn(m, n, generator=generator) * 2
+        if m > 1:
+            y[1], y[2, ::2], y[3, 7] = 10.0, -10.0, float("nan")
+        for logits in (y, y.bfloat16()):
+            got = g22.clamped_logsumexp(logits, 2.0, -1.0, 1.5)
+            want = torch_formula(lambda: g22.clamped_logsumexp(logits, 2.0, -1.0, 1.5))
+            close = got.shape == (m, 1) and torch.allclose(got, want, rtol=2e-6, atol=0.0, equal_nan=True)
+            print(f"clamped_logsumexp {(m, n)} {str(logits.dtype)[6:]}: as torch's {close}", flush=True)
+            if not close:
+                failures.append(f"clamped_logsumexp {(m, n)} {logits.dtype}: {got.flatten().tolist()[:6]}, "
+                                f"want {want.flatten().tolist()[:6]}")
     return failures
 
 

@@ -48,10 +48,30 @@ GRAD_DTYPES = (torch.float32, torch.bfloat16)
 BACKWARD_BLOCK = (64, 64)
 
 
+# Rows × columns per program and step of ``clamp_lse_rows``: two rows, so at batch 1 the rows'
+# mask stays (Triton makes M = 1 a constant; see the finish inside's INSIDE_ROWS_BF16).
+LSE_BLOCK = (2, 1024)
+
+
+def clamped_logsumexp(y, t: float, lo: float, hi: float) -> torch.Tensor:
+    """z = logsumexp(clamp(t·y, lo, hi)) per row, (batch, 1) in float32 (float64 stays), from the
+    logits y (bias included; a bfloat16 model's are bfloat16): the backward's z where the forward
+    kept none. One read of y by a Triton kernel where it can run (``clamp_lse_rows``); torch's
+    chain of a cast, a product, a clamp and logsumexp's passes reads and writes it about ten times."""
+    if fused_kernels_apply(y, dtypes=(torch.float32, torch.bfloat16)):
+        rows, cols = LSE_BLOCK
+        z = torch.empty(y.shape[0], 1, device=y.device)
+        _kernels().clamp_lse_rows[(-(-y.shape[0] // rows),)](y, z, t, lo, hi, *y.shape, BLOCK_R=rows, BLOCK_C=cols)
+        return z
+    return torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)
+
+
 def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradLayouts) -> GemmGrad:
-    """∂L/∂y from the logits y (bias included), z (batch, 1) and ∂L/∂out (batch, 1), in ``layouts``:
-    one pass of a Triton kernel where it can run (h'(z) included), else torch."""
-    if fused_kernels_apply(y, z) and fused_kernels_apply(grad, dtypes=GRAD_DTYPES):
+    """∂L/∂y from the logits y (bias included; float32, or a bfloat16 model's bfloat16), z (batch,
+    1) and ∂L/∂out (batch, 1), in ``layouts``: one pass of a Triton kernel where it can run (h'(z)
+    included), else torch."""
+    if (fused_kernels_apply(y, dtypes=(torch.float32, torch.bfloat16)) and fused_kernels_apply(z)
+            and fused_kernels_apply(grad, dtypes=GRAD_DTYPES)):
         rows, cols = BACKWARD_BLOCK
         buffers = GradBuffers(layouts, y.shape[0], y.shape[1], rows, y.device)
         _kernels().clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
@@ -102,9 +122,7 @@ def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None 
     else:
         y = saved_logits(x, weight, bias, y, y_bias, precision)
         if z is None:
-            t, lo, hi = scalars
-            z = torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1,
-                                keepdim=True)
+            z = clamped_logsumexp(y, *scalars)
         dy = epilogue_backward(y, z, grad, *scalars, layouts)
     dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1])
     return dx, dw, dy.bias

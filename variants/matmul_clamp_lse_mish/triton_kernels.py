@@ -10,7 +10,8 @@ backward. ``lse_mish_finish_bf16``: the same z, and out as a bfloat16 model's re
 it, from the clamped logits again (``lse_mish_finish_bf16`` says why). ``clamp_lse_backward``:
 ∂L/∂y = g·h'(z)·exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi]·t in tiles, h'(z) included, written in the
 layouts the backward's GEMMs want (``store_gradient``); ``clamp_lse_backward_from_q`` the same
-from the bf16 forward's saved softmax factors (q_ptr).
+from the bf16 forward's saved softmax factors (q_ptr); ``clamp_lse_rows`` the z of logits whose
+forward kept none (the cuBLAS + epilogue variant of a bfloat16 model).
 """
 
 import triton
@@ -176,6 +177,31 @@ def output_scale(z_ptr, g_ptr, rows, row_ok, t):
 
 
 @triton.jit
+def clamp_lse_rows(y_ptr, z_ptr, t, lo, hi, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """z = logsumexp(clamp(t·y, lo, hi)) of BLOCK_R rows a program, float32-accurate, from logits y
+    in float32 or bfloat16 (a bfloat16 model's cuBLAS output): the backward's z where its forward
+    kept none. BLOCK_C columns a step, each step's (max, Σ exp(v − max)) merged into the row's
+    running pair as ``merged_partials`` merges a GEMM's tiles'. A row holding a NaN t·y gets NaN,
+    as torch.clamp keeps it and torch.logsumexp propagates it (the min and max here drop it)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < M
+    cols = tl.arange(0, BLOCK_C)
+    row_max = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_R,), tl.float32)
+    nans = tl.zeros((BLOCK_R,), tl.int32)
+    for start in range(0, N, BLOCK_C):
+        mask = row_ok[:, None] & (start + cols < N)[None, :]
+        y = tl.load(y_ptr + rows[:, None].to(tl.int64) * N + start + cols[None, :], mask=mask, other=0.0)
+        scaled = y.to(tl.float32) * t
+        nans += tl.sum((scaled != scaled).to(tl.int32), axis=1)
+        v = tl.where(mask, tl.minimum(tl.maximum(scaled, lo), hi), float("-inf"))
+        new_max = tl.where(row_ok, tl.maximum(row_max, tl.max(v, axis=1)), 0.0)
+        total = total * exp_nonpositive(row_max - new_max) + tl.sum(exp_nonpositive(v - new_max[:, None]), axis=1)
+        row_max = new_max
+    tl.store(z_ptr + rows, tl.where(nans > 0, float("nan"), row_max + tl.log(total)), mask=row_ok)
+
+
+@triton.jit
 def clamp_lse_backward(y_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, lo, hi, M, N, BLOCK_R: tl.constexpr,
                        BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUMS: tl.constexpr):
     """One (BLOCK_R × BLOCK_C) tile of ∂L/∂y = g·h'(z)·t · exp(clamp(t·y) − z)·[lo ≤ t·y ≤ hi], with
@@ -185,7 +211,7 @@ def clamp_lse_backward(y_ptr, z_ptr, g_ptr, dy_ptr, dyt_ptr, part_ptr, t, lo, hi
     row_ok = rows < M
     scale, z = output_scale(z_ptr, g_ptr, rows, row_ok, t)
     mask = row_ok[:, None] & (cols < N)[None, :]
-    v = tl.load(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0) * t
+    v = tl.load(y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0).to(tl.float32) * t
     inside = (v >= lo) & (v <= hi)
     dy = tl.where(inside, exp_nonpositive(tl.minimum(tl.maximum(v, lo), hi) - z[:, None]) * scale[:, None], 0.0)
     store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)

@@ -11,13 +11,14 @@ plus one pass over the (batch × out) logits. ``items`` = 0 streams the row twic
 With a gradient needed the kernel writes a fresh output instead of overwriting y, which the
 backward keeps (see gradients.py).
 
-A bfloat16 model (under bf16, without gradients: its autograd keys are the triton variant's):
-y = linear(x) as its reference computes it (cuBLAS's bfloat16 output, the bias in its epilogue),
-then the same kernel rounds gelu(y) to bfloat16, as the reference stores it before the softmax
-reads it, and writes the softmax in bfloat16. The time is the bfloat16 GEMM's plus one read and
-one write of the (batch × out) bfloat16 logits, where the reference makes two of each. From 160
-rows on, that rounded gelu comes from a table indexed by y's 16 bits (the kernel was bound by
-issue slots; see the source).
+A bfloat16 model (under bf16): y = linear(x) as its reference computes it (cuBLAS's bfloat16
+output, the bias in its epilogue), then the same kernel rounds gelu(y) to bfloat16, as the
+reference stores it before the softmax reads it, and writes the softmax in bfloat16. The time
+is the bfloat16 GEMM's plus one read and one write of the (batch × out) bfloat16 logits, where
+the reference makes two of each. From 160 rows on, that rounded gelu comes from a table indexed
+by y's 16 bits (the kernel was bound by issue slots; see the source). With a gradient needed the
+backward keeps that bfloat16 y and the output (eager keeps y, gelu(y) and the output) and runs
+in float32 from them (gradients.py); its GEMMs are cuBLAS's bfloat16 ones, as eager's.
 Kernel: csrc/gelu_softmax_rows.cu.
 """
 
@@ -25,6 +26,7 @@ import torch
 
 from autofuse.core.precision import linear_deferring_bias
 from autofuse.hookspecs import hookimpl
+from autofuse.kernels.autograd import needs_grad
 from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands, linear_parameters
 
 from . import gradients
@@ -56,6 +58,7 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
                  "af_gelu_bf16": ("ptr", "ptr", "int", "int")}  # the row kernel's table against erff, for tests
     supports_autograd = True
     dtypes = (torch.float32, torch.bfloat16)
+    bfloat16_gradients = True
 
     @classmethod
     def configs(cls, shape, device):
@@ -63,14 +66,21 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
 
     def forward(self, model, x):
         weight, bias = linear_parameters(model.linear)
-        if weight.dtype is not torch.bfloat16:
-            return super().forward(model, x)
+        if weight.dtype is not torch.bfloat16 or needs_grad(x, weight, bias):
+            return super().forward(model, x)  # through _fused, differentiably
+        return self._bfloat16_model(x, weight, bias)[0]
+
+    def _bfloat16_model(self, x, weight, bias):
+        """(out, y) of a bfloat16 model: y is the reference's own bfloat16 logits."""
         y = bfloat16_model_linear(self, x, weight, bias, "linear")
         out = torch.empty_like(y)
         self.launch("af_gelu_softmax_rows", y, 1, None, out, 1, *y.shape, device=y.device)
-        return out
+        return out, y
 
     def _fused(self, x, weight, bias, save):
+        if weight.dtype is torch.bfloat16:  # a bfloat16 model's call that needs a gradient
+            out, y = self._bfloat16_model(x, weight, bias)
+            return out, ((x, weight, bias, y, None, out) if save else ())
         x, w, b = gemm_operands(x, weight, bias, "linear")
         w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
         y, bias_left = linear_deferring_bias(x, w, b, self.precision)

@@ -6,11 +6,11 @@ out = softmax(a), a = gelu(y), y = x·Wᵀ + b. With g = ∂L/∂out:
     ∂L/∂y = ∂L/∂a ⊙ gelu'(y),   gelu'(y) = Φ(y) + y·φ(y)   (the exact erf GELU)
     dx = dy·W,  dW = dyᵀ·x,  db = Σ_rows dy.
 Saved: x, the forward's GEMM weight operand, b, y (None where the forward never stored it:
-recomputed with one GEMM, and out with it), the bias still to add to y (under bf16 cuBLAS's y
-leaves it to the epilogue) and out. Eager autograd keeps y, gelu(y) and out; this keeps y and
-out. The elementwise part is two Triton kernels (``epilogue_backward``), which write dy in the
-layouts the GEMMs want (``autograd.GradLayouts``); the GEMMs go through cuBLAS at the forward's
-precision.
+recomputed with one GEMM, and out with it; a bfloat16 model's cuBLAS y is bfloat16), the bias
+still to add to y (under bf16 cuBLAS's y leaves it to the epilogue) and out. Eager autograd
+keeps y, gelu(y) and out; this keeps y and out. The elementwise part is two Triton kernels
+(``epilogue_backward``), which write dy in the layouts the GEMMs want (``autograd.GradLayouts``);
+the GEMMs go through cuBLAS at the forward's precision.
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ BACKWARD_BLOCK = (64, 64)
 
 
 def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, layouts: GradLayouts) -> GemmGrad:
-    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays),
-    in ``layouts``: where Triton can run, a row kernel for each row's sums (two passes over out and
-    g), then a tiled one for dy; else torch.
+    """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays;
+    each of the three may be bfloat16, a bfloat16 model's), in ``layouts``: where Triton can run,
+    a row kernel for each row's sums (two passes over out and g), then a tiled one for dy; else torch.
 
     The softmax's ∂L/∂a_j = out_j·(g_j − Σ g·out) cancels at the row's largest output when the
     row is nearly one-hot (logits in the hundreds: out_top = 1 − ε with ε below float32's
     resolution), leaving rounding noise of |g|·2⁻²⁴ where the true value is ε-small (100x
     float64's error in tests/test_fused_gradients.py). Since Σ out = 1, g_top − Σ g·out = Σ_k out_k·(g_top − g_k) exactly, a sum of small terms with
     no cancellation: it gives the top entry, and Σ g·out = g_top − it gives the others."""
-    if fused_kernels_apply(y) and fused_kernels_apply(out, grad, dtypes=(torch.float32, torch.bfloat16)):
+    if fused_kernels_apply(y, out, grad, dtypes=(torch.float32, torch.bfloat16)):
         kernels = _kernels()
         (m, n), (rows, cols) = out.shape, BACKWARD_BLOCK
         top = torch.empty(m, device=out.device, dtype=torch.int32)

@@ -63,13 +63,10 @@ def test_autofuse_list_says_which_variants_serve_a_bfloat16_model(monkeypatch):
 
 @pytest.mark.parametrize("problem", ["gemm_bn", "matmul_gelu_softmax", "matmul_clamp_lse_mish"])
 def test_cublas_epilogue_serves_a_bfloat16_model_at_bf16_only(problem):
-    """22's and 99's with gradients too (their backward takes cuBLAS's bfloat16 logits); gemm_bn's forward only."""
+    """With gradients too: each backward takes cuBLAS's bfloat16 logits."""
     cls = registry.get_variant(problem, "cublas_epilogue")
     assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=False) is None
-    if problem == "gemm_bn":
-        assert "triton variant" in cls.admits("cuda", torch.bfloat16, "bf16", autograd=True)
-    else:
-        assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=True) is None
+    assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=True) is None
     assert "precision bf16 only" in cls.admits("cuda", torch.bfloat16, "fp32", autograd=False)
     assert cls.admits("cuda", torch.float32, "bf16", autograd=True) is None
 
@@ -78,15 +75,6 @@ def test_single_pass_takes_a_bfloat16_models_gradients_too():
     cls = registry.get_variant("gemm_avgpool_gelu_residual", "single_pass")
     assert cls.admits("cuda", torch.bfloat16, "bf16", autograd=True) is None
     assert "precision bf16 only" in cls.admits("cuda", torch.bfloat16, "tf32", autograd=True)
-
-
-def test_gemm_bns_cublas_epilogue_refuses_a_bfloat16_model_that_needs_gradients():
-    """Before any launch: the message says what to do instead (22's and 99's take the gradients)."""
-    prob, cls = registry.get_problem("gemm_bn"), registry.get_variant("gemm_bn", "cublas_epilogue")
-    shape = dict(zip(prob.dims, (4, 16, 8)))
-    model = prob.build_model(shape).bfloat16()
-    with pytest.raises(InputError, match="without gradients only"):
-        cls("bf16")(model, torch.rand(4, 16, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize(("x", "match"), [
@@ -101,7 +89,7 @@ def test_a_bfloat16_models_linear_names_what_is_wrong_before_any_launch(x, match
     with pytest.raises(InputError, match=match):
         bfloat16_model_linear(variant, x, *linear_parameters(linear), "linear")
     linear.requires_grad_(True)
-    with pytest.raises(InputError, match="without gradients only"):
+    with pytest.raises(InputError, match="records no backward"):
         bfloat16_model_linear(variant, torch.rand(2, 16, dtype=torch.bfloat16), *linear_parameters(linear), "linear")
     with torch.no_grad(), pytest.raises(InputError, match=match):
         bfloat16_model_linear(variant, x, *linear_parameters(linear), "linear")

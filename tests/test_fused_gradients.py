@@ -330,3 +330,38 @@ def test_a_bfloat16_models_backward_from_its_cublas_logits(problem):
         for g, e, ours, name in zip(got, want, eager, ("x", "weight", "bias")):
             assert g.shape == e.shape and (name == "bias" or g.dtype == torch.bfloat16), (name, g.shape, g.dtype)
             assert _rel(g, e) <= max(_rel(ours, e), 2**-8), (problem, batch, name, _rel(g, e), _rel(ours, e))
+
+
+def _batchnorm_training(x, w, b, s, gamma, beta, eps):
+    """gemm_bn's training forward (batch statistics) in the tensors' own dtype."""
+    return F.batch_norm(F.linear(x, w, b) * s, None, None, gamma, beta, training=True, eps=eps)
+
+
+def test_a_bfloat16_models_batchnorm_backward_from_its_cublas_logits():
+    """gemm_bn's cublas_epilogue trains a bfloat16 model keeping cuBLAS's y = x·Wᵀ + b (bfloat16)
+    as z: the bias cancels in z − μ, and the statistics come from y again in float32. Its
+    gradients of x, W, s, γ and β against float64 autograd are no farther than the eager
+    bfloat16 model's (plus bfloat16's step); the bias's is exactly zero."""
+    eps = 1e-5
+    for batch, n_in, n_out in ((2, 37, 53), (7, 40, 33)):
+        generator = torch.Generator().manual_seed(batch)
+        x, w = torch.randn(batch, n_in, generator=generator), torch.randn(n_out, n_in, generator=generator) / n_in**0.5
+        b, s = torch.randn(n_out, generator=generator) + 4.0, torch.rand(n_out, generator=generator) + 0.5
+        gamma, beta = torch.rand(n_out, generator=generator) + 0.5, torch.randn(n_out, generator=generator)
+        tensors = [t.bfloat16() for t in (x, w, b, s, gamma, beta)]
+        cotangent = torch.randn(batch, n_out, generator=generator).bfloat16()
+
+        def autograd(dtype):
+            leaves = [t.to(dtype).requires_grad_(True) for t in tensors]
+            return torch.autograd.grad(_batchnorm_training(*leaves, eps), leaves, cotangent.to(dtype))
+
+        want, eager = autograd(F64), autograd(torch.bfloat16)
+        xb, wb, bb, sb, gb, _ = tensors
+        saved = (xb, wb, F.linear(xb, wb, bb), None, None, sb, gb)
+        got = gbn.train_backward(saved, cotangent, (True,) * 6, "bf16", eps, None)
+        for g, e, ours, name in zip(got, want, eager, ("x", "weight", "bias", "scale", "gamma", "beta")):
+            if name == "bias":
+                assert torch.equal(g, torch.zeros_like(g)), g
+                continue
+            assert g.shape == e.shape, name
+            assert _rel(g, e) <= max(_rel(ours, e), 2**-8), (batch, name, _rel(g, e), _rel(ours, e))

@@ -204,11 +204,14 @@ def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode
     assert "persistent_gemm" in names, names
 
 
-@pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish"])
+@pytest.mark.parametrize("batch", [2, 1, 8])
+@pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
 def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monkeypatch, problem, batch):
     """cublas_epilogue's backward of a bfloat16 model: the Triton passes on cuBLAS's bfloat16
-    logits (22's z from them too, ``clamp_lse_rows``), at batch 1 (M a constant) and 8."""
+    logits (22's z from them too, ``clamp_lse_rows``; gemm_bn's training, its statistics from
+    them), at the smallest batch (M a constant) and 8."""
+    if batch == (1 if problem == "gemm_bn" else 2):
+        pytest.skip("the smallest batch is 2 for gemm_bn's training, 1 for the others")
     record = _recording(monkeypatch)
     gradients = importlib.import_module(f"autofuse.variants.{problem}.gradients")
     monkeypatch.setattr(gradients, "fused_kernels_apply", _on_any_device)
@@ -217,15 +220,18 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
     y, needs = torch.nn.functional.linear(x, w, b), (True, True, True)
     if problem == "matmul_gelu_softmax":
         gradients.backward((x, w, b, y, None, torch.softmax(y, dim=1)), torch.randn_like(y), needs, "bf16")
-    else:
+    elif problem == "matmul_clamp_lse_mish":
         gradients.backward((x, w, b, y, None, None), torch.randn(batch, 1).bfloat16(), needs, "bf16", (2.0, -1.0, 1.0))
+    else:
+        gradients.train_backward((x, w, y, None, None, b, b), torch.randn_like(y), needs * 2, "bf16", 1e-5, None)
     names = set()
     for fn, args, kwargs in record:
         kernel = compile_for_hopper(fn, args, dict(kwargs))
         assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
-    assert names == ({"softmax_grad_rows", "gelu_softmax_backward"} if problem == "matmul_gelu_softmax"
-                     else {"clamp_lse_rows", "clamp_lse_backward"}), names
+    assert names == {"matmul_gelu_softmax": {"softmax_grad_rows", "gelu_softmax_backward"},
+                     "matmul_clamp_lse_mish": {"clamp_lse_rows", "clamp_lse_backward"},
+                     "gemm_bn": {"column_grad_sums", "bn_grad_coefficients", "bn_backward"}}[problem], names
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),

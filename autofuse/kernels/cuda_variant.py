@@ -139,10 +139,11 @@ def input_operand(x: torch.Tensor, in_features: int, dtype: torch.dtype = torch.
 
 
 def refuse_bfloat16_gradients(variant: Variant, *tensors: torch.Tensor | None) -> None:
-    """InputError where a call with these tensors of a bfloat16 model must record a backward."""
+    """InputError where a call with these tensors of a bfloat16 model would need a backward this
+    records none of (a variant's differentiable path calls it in ``fused_call``'s forward)."""
     if needs_grad(*tensors):
-        raise InputError(f"{variant.name} serves a bfloat16 model without gradients only: call it under "
-                         "torch.no_grad(), or use the triton variant")
+        raise InputError(f"{variant.name}: a bfloat16 model's linear here records no backward: call it under "
+                         "torch.no_grad() (a differentiable variant runs it inside autograd.fused_call)")
 
 
 def linear_parameters(linear) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -84,7 +84,7 @@ def bn_coefficients(grad, z, shift, tile_rows: int, var, scale, gamma, eps: floa
                                                           chunks, BLOCK_P=block_p, BLOCK_C=block_c)
         return coef
     acc = torch.promote_types(grad.dtype, torch.float32)
-    g = grad.to(acc)
+    g, scale, gamma = grad.to(acc), scale.to(acc), gamma.to(acc)  # a bfloat16 model's s and γ: float32 here too
     sum_g, sum_gc = g.sum(0), (g * centred(z, shift, tile_rows)).sum(0)
     m = z.shape[0]
     r = torch.rsqrt(scale * scale * var + eps)
@@ -128,9 +128,10 @@ def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
     x, weight, z, k = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    dz = GemmGrad.of(grad * k, gemms.layouts(precision, needs[0], needs[1], False))
+    acc = torch.promote_types(z.dtype, torch.float32)  # a bfloat16 model's g and z: products in float32
+    dz = GemmGrad.of(grad.to(acc) * k, gemms.layouts(precision, needs[0], needs[1], False))
     dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
-    dk = reduce_rows(grad * z) if needs[2] else None
+    dk = reduce_rows(grad.to(acc) * z.to(acc)) if needs[2] else None
     dshift = reduce_rows(grad) if needs[3] else None
     return dx, dw, dk, dshift
 

@@ -47,8 +47,8 @@ class CudaVariant(Variant):
             digest.update(header.read_bytes())
         return digest.hexdigest()[:16]
 
-    # Whether the backward takes a bfloat16 model's tensors too (22's and 99's cuBLAS + epilogue
-    # variants, 51's single_pass); where not, a bfloat16 model's autograd keys are the others'.
+    # Whether the backward takes a bfloat16 model's tensors too (the cuBLAS + epilogue variants,
+    # 51's single_pass); where not, a bfloat16 model's autograd keys are the others'.
     bfloat16_gradients: ClassVar[bool] = False
 
     @classmethod
@@ -160,10 +160,9 @@ def bfloat16_model_linear(variant: Variant, x: torch.Tensor, weight: torch.Tenso
                           name: str) -> torch.Tensor:
     """linear(x) of a bfloat16 model as its reference computes it: cuBLAS's bfloat16 output, the
     bias added in its epilogue, so an epilogue kernel starts from the reference's own tensor.
-    InputError where a gradient is needed (a variant whose backward takes a bfloat16 model's
-    tensors calls this inside ``fused_call``'s forward, under no_grad; ``admits`` leaves the other
-    variants' bfloat16 autograd keys to the triton variants) or the operands are not a bfloat16
-    model's; ``weight`` and ``bias`` are the Linear's
+    InputError where a gradient is needed (a differentiable path calls this inside
+    ``fused_call``'s forward, under no_grad) or the operands are not a bfloat16 model's;
+    ``weight`` and ``bias`` are the Linear's
     (``linear_parameters``), ``name`` its attribute in the model, for messages.
 
     The GEMM is launched after as few checks as keep it right (grad need, the three dtypes, a

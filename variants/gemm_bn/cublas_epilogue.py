@@ -120,10 +120,10 @@ class CublasEpilogueGemmBn(CudaVariant):
     def forward(self, model, x):
         weight, bias = linear_parameters(model.gemm)
         if weight.dtype is torch.bfloat16:
-            # walking the parameters is host time before the GEMM's launch: in grad mode only
-            grad = torch.is_grad_enabled() and needs_grad(x, *model.parameters())
             if not uses_batch_statistics(model.bn):
                 return self._eval(model, x, torch.bfloat16)
+            # walking the parameters is host time before the GEMM's launch: in grad mode only
+            grad = torch.is_grad_enabled() and needs_grad(x, *model.parameters())
             return self._train(model, x, torch.bfloat16) if grad else self._train_bfloat16_model(model, x, weight, bias)
         if uses_batch_statistics(model.bn):
             return self._train(model, x)

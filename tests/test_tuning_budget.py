@@ -24,6 +24,10 @@ from autofuse.tuning.timing import Timing
 
 SWEEP = pathlib.Path(__file__).parent / "data" / "sweep-matmul_gelu_softmax.json"
 SMALL = {"batch_size": 16, "in_features": 48, "out_features": 40}
+# A small space on which TPE repeats itself: kb2-99's test plugin "knobs" beside eager and simplified.
+KNOBS = {"eager": [{}], "simplified": [{}], "knobs": [{"k": k} for k in range(8)]}
+KNOB_TIMES = {("eager", "{}"): 1.2, ("simplified", "{}"): 0.86} | {
+    ("knobs", json.dumps({"k": k})): 0.9 + 0.5 * (k % 3) for k in range(8)}
 
 
 class ReachReplay:
@@ -92,11 +96,17 @@ def test_full_gates_every_candidate(sweep):
 def test_a_budget_that_covers_the_space_measures_all_of_it(seed):
     """TPE comes back to its favourites on a small space; a budget that holds every
     configuration still measures every one (CI once saw 9 of 10 measured)."""
-    spaces = {"eager": [{}], "simplified": [{}], "knobs": [{"k": k} for k in range(8)]}
-    times = {("eager", "{}"): 1.2, ("simplified", "{}"): 0.86}
-    times |= {("knobs", json.dumps({"k": k})): 0.9 + 0.5 * (k % 3) for k in range(8)}
-    _, worker, _ = _replay(spaces, times, seed, "full", total=10)
+    _, worker, _ = _replay(KNOBS, KNOB_TIMES, seed, "full", total=10)
     assert worker.timed == 10
+
+
+@pytest.mark.parametrize("total", [7, 8, 9])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_budget_below_the_space_is_met_when_tpe_repeats_itself(seed, total):
+    """Once TPE's asks run out on repeats, the search enqueues what is left, up to the budget
+    (it stopped short in 62 of 120 such searches: seeds 0-39, budgets 7-9 of 10)."""
+    _, worker, _ = _replay(KNOBS, KNOB_TIMES, seed, "full", total=total)
+    assert worker.timed == total
 
 
 def test_a_hopeless_variant_is_drawn_no_more_and_a_stalled_search_stops():

@@ -52,7 +52,7 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
     progress_of = _Progress(budget, on_best, screen=len(spaces))
     if any(_is_triton(job, name) for name in spaces):
         prewarm.start(job.device, job.log)  # ready by the second batch, the first to compile in parallel
-    swept = False
+    swept_at = -1  # results when the asks last ran out: sweep again only after progress
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
@@ -62,9 +62,9 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             expired = deadline is not None and time.monotonic() >= deadline
             if progress_of.stalled():
                 return view.results
-            if room > 0 and asks_left <= 0 and not expired and not swept:
-                swept = True
-                asks_left = _enqueue_the_rest(study, spaces, view, room)
+            if room > 0 and asks_left <= 0 and not expired and len(view.results) > swept_at:
+                swept_at = len(view.results)
+                asks_left = _enqueue_the_rest(study, spaces, view, room, progress_of)
             if room > 0 and asks_left > 0 and not expired:
                 # A fresh study's first candidate (the likeliest winner's default) goes alone: its
                 # provisional entry then comes before the first batch's builds (nvcc, seconds each).
@@ -78,23 +78,25 @@ def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, 
             view = shared.view()
 
 
-def _enqueue_the_rest(study, spaces, view, room: int) -> int:
-    """Enqueue every configuration nobody has measured or is measuring if the budget's ``room``
-    holds them all, and return how many; else 0.
+def _enqueue_the_rest(study, spaces, view, room: int, progress: _Progress) -> int:
+    """Enqueue up to ``room`` configurations that nobody has measured or is measuring, of
+    variants still in the race, the best variant's first; return how many.
 
-    On a small space TPE settles on its favourites and suggests them again and again: a
-    10-configuration space with room for all 10 spent its asks on repeats and left one
-    unmeasured in 4 of 10 seeds (one process; CI saw it with two sharing a PostgreSQL study).
-    A budget that covers the whole space asks for all of it.
+    On a small space TPE settles on its favourites and suggests them again and again, and the
+    asks run out before the budget is met: a 10-configuration space with room for all 10 left
+    one unmeasured in 4 of 10 seeds (one process; CI saw it with two sharing a PostgreSQL
+    study), and a budget of 8 of those 10 measured 6 or 7 in 19 of 40 seeds. With ``--workers``
+    the invoking process then searched what its workers left (seen once in CI). Enqueued
+    again even where a trial dropped it unmeasured (``once=False``): the budget was full then.
     """
     taken = view.results.keys() | view.claims.keys()
+    best = None if progress.best is None else progress.best[0][0]
     rest = [(name, config) for name, configs in spaces.items() for config in configs
-            if (name, studies.config_label(config)) not in taken]
-    if len(rest) > room:
-        return 0
-    for name, config in rest:
-        studies.enqueue(study, name, config)
-    return len(rest)
+            if (name, studies.config_label(config)) not in taken and progress.pruned(view.results, name) is None]
+    rest.sort(key=lambda item: item[0] != best)  # stable: a variant's configurations keep their order
+    for name, config in rest[:room]:
+        studies.enqueue(study, name, config, once=False)
+    return len(rest[:room])
 
 
 class _Progress:

@@ -95,9 +95,10 @@ def enqueue_starting_points(study: optuna.Study, spaces: dict[str, list[dict]],
         enqueue(study, name, config)
 
 
-def enqueue(study: optuna.Study, name: str, config: dict) -> None:
-    """Make (variant ``name``, ``config``) the next trial asked (unless it is already waiting)."""
-    study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in config.items()}}, skip_if_exists=True)
+def enqueue(study: optuna.Study, name: str, config: dict, *, once: bool = True) -> None:
+    """Make (variant ``name``, ``config``) the next trial asked. With ``once``, not if any trial
+    of the study already has it, in whatever state: waiting, measured, or dropped unmeasured."""
+    study.enqueue_trial({"variant": name, **{f"{name}.{p}": v for p, v in config.items()}}, skip_if_exists=once)
 
 
 def suggest(trial: optuna.Trial, spaces: dict[str, list[dict]]) -> tuple[str, dict]:

@@ -114,6 +114,33 @@ def test_a_compile_that_fails_is_a_recorded_outcome(monkeypatch):
     assert result.outcome is Outcome.COMPILE_FAILED and "not on 3.99" in result.reason, result
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_the_tuners_gate_checks_a_compile_per_shape_at_the_tuned_shape_only(monkeypatch, dynamic):
+    """At the odd small shape a dynamic=False compile would compile and check other code; a
+    dynamic=True one runs there the code it serves, so it is checked there too."""
+    graphs, shapes = [], []
+    real_compile, real_check = torch.compile, evaluate.check_variant
+
+    def recording_backend(graph, example_inputs):  # no inductor: only what dynamo traced for which x
+        graphs.append(graph)
+        return graph.forward
+
+    def recording_check(variant, problem, cases, *args, **kwargs):
+        shapes.extend(dict(case.shape) for case in cases)
+        return real_check(variant, problem, cases, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend=recording_backend,
+                                                                             dynamic=options["dynamic"]))
+    monkeypatch.setattr(evaluate, "check_variant", recording_check)
+    job = _job()
+    result = evaluate.evaluate({}, job, Candidate("compiled", {"mode": "default", "dynamic": dynamic}))
+    assert result.outcome is Outcome.OK, result
+    odd = registry.get_problem(job.problem).odd_shape(job.shape)
+    assert (odd in shapes) == dynamic and job.shape in shapes, shapes
+    if not dynamic:
+        assert len(graphs) == 1, f"compiled {len(graphs)} graphs, the tuned shape's alone expected"
+
+
 def test_compile_seconds_are_an_optional_field_of_a_trial():
     result = TrialResult(Outcome.OK, compile_s=2.5)
     assert TrialResult.from_dict(result.to_dict()).compile_s == 2.5

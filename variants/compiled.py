@@ -18,7 +18,9 @@ call: 0.138 ms for an 8192² weight on an H100, against 0.173 ms for the bf16 GE
 Preconditions: the reference forward traces (a graph break still runs, slower); under bf16
 those weights and biases feed only their own modules. The first call at each input
 signature compiles (said once on the ``autofuse`` logger, at INFO); ``compile_seconds``
-holds the first compile's time for the tune table.
+holds the first compile's time for the tune table. So the tuner's gate checks a
+``dynamic=False`` configuration at the shapes it is tuned for, not at the odd small shape, whose
+compile would check other code (``Variant.compiles_per_shape``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class CompiledVariant(Variant):
         # Inductor's default and reduce-overhead modes call cuBLAS for the GEMM (extern mm);
         # max-autotune races its own GEMM templates against it.
         return params.get("mode") in ("default", "reduce-overhead")
+
+    @classmethod
+    def compiles_per_shape(cls, params):
+        return not params.get("dynamic", False)
 
     @classmethod
     def unavailable_reason(cls, device):

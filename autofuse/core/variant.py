@@ -140,6 +140,15 @@ class Variant:
         return False
 
     @classmethod
+    def compiles_per_shape(cls, params: Mapping[str, Any]) -> bool:
+        """Whether each input shape gets code of its own, generated at its first call
+        (torch.compile with ``dynamic=False``). The tuner's gate then checks such a configuration
+        at the shapes it is tuned for and not at the odd small one: there a check would compile
+        other code (fifteen seconds and more under max-autotune, forward and backward) and say
+        nothing about the code the entry runs. The conformance kit still checks every shape."""
+        return False
+
+    @classmethod
     def rank(cls) -> int:
         return cls.complexity if cls.complexity is not None else KIND_COMPLEXITY[cls.kind]
 

@@ -68,14 +68,15 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
 
     Timed first: with ``reach_ms`` (the budget's reach of the best gated time so far), a
     candidate slower than that is recorded ``out_of_reach`` with its time and not gated, since
-    it cannot be chosen; the gate (four cases, and another compile where a case's sizes
-    specialise the kernel anew) is most of a trial's time. ``gate=False`` stops after the timing
+    it cannot be chosen; the gate (its cases, one at an odd small shape where a kernel's sizes
+    may specialise it anew; none there for ``Variant.compiles_per_shape``) is most of a trial's time. ``gate=False`` stops after the timing
     (``out_of_reach``, "timed only"): a caller that races a few candidates times them all first,
     then gates some with that timing (``timed``: not measured again).
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
-    variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision, **candidate.params)
+    cls = registry.get_variant(job.problem, candidate.variant)
+    variant = cls(candidate.precision or job.precision, **candidate.params)
     if "drawing" not in state:  # the gate's cases drawn while the job's first candidates compile and are timed
         _timing_case(state, job)  # first: it draws from the global generator too
         draw_ahead(problem, check_cases(problem, job.shape, job.seed), job.device, parse_dtype(job.dtype), job.mode)
@@ -97,12 +98,10 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
     if reach_ms is not None and timing.median_ms > reach_ms:
         return TrialResult(Outcome.OUT_OF_REACH, f"{timing.median_ms:.4g} ms, beyond the gated best's reach "
                            f"({reach_ms:.4g} ms): not gated", timing=timing, compile_s=compile_s)
+    cases = check_cases(problem, job.shape, job.seed, odd=not cls.compiles_per_shape(candidate.params))
     try:
-        check = check_variant(
-            variant, problem, check_cases(problem, job.shape, job.seed), job.device,
-            dtype=parse_dtype(job.dtype), mode=job.mode, autograd=candidate.autograd,
-            cache=state.setdefault("cases", {}),
-        )
+        check = check_variant(variant, problem, cases, job.device, dtype=parse_dtype(job.dtype), mode=job.mode,
+                              autograd=candidate.autograd, cache=state.setdefault("cases", {}))
     except BuildError as exc:  # another case's sizes compiled anew, and failed
         return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=compile_s)
     if not check.ok:

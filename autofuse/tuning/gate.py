@@ -64,18 +64,18 @@ class CheckResult:
     reason: str | None = None
 
 
-def check_cases(problem: Problem, shape: Mapping[str, int], seed: int) -> list[CheckCase]:
-    """The tuned shape under every distribution (default and randomized parameters) plus an odd
-    small shape. "wide" randomizes W too: its rows are wide where x's columns are zero; its
-    gradients are checked on a cotangent zero where outliers would hide the backward's losses
-    (``Problem.quiet_wide_cotangent``)."""
+def check_cases(problem: Problem, shape: Mapping[str, int], seed: int, odd: bool = True) -> list[CheckCase]:
+    """The tuned shape under every distribution (default and randomized parameters) plus, with
+    ``odd``, an odd small shape. "wide" randomizes W too: its rows are wide where x's columns are
+    zero; its gradients are checked on a cotangent zero where outliers would hide the backward's
+    losses (``Problem.quiet_wide_cotangent``)."""
     cases = [
         CheckCase(dict(shape), "rand", seed, randomize=False),
         CheckCase(dict(shape), "randn", seed + 1, randomize=True),
         CheckCase(dict(shape), "large", seed + 2, randomize=True),
     ]
-    odd = problem.odd_shape(shape)
-    cases = cases if odd is None else cases + [CheckCase(odd, "randn", seed + 3, randomize=True)]
+    small = problem.odd_shape(shape) if odd else None
+    cases = cases if small is None else cases + [CheckCase(small, "randn", seed + 3, randomize=True)]
     return cases + [CheckCase(dict(shape), "wide", seed + 4, randomize=True)]
 
 

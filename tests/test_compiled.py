@@ -18,7 +18,7 @@ from autofuse.core import plugins, registry
 from autofuse.kernelbench.export import export_kernelbench
 from autofuse.serve.table import DispatchKey, DispatchTable, current_fingerprint, shape_key
 from autofuse.testing import assert_variant_conforms
-from autofuse.tuning import evaluate
+from autofuse.tuning import evaluate, search
 from autofuse.tuning.outcome import Outcome, TrialResult
 from autofuse.tuning.worker import Candidate, Job
 
@@ -133,10 +133,12 @@ def test_the_tuners_gate_checks_a_compile_per_shape_at_the_tuned_shape_only(monk
                                                                              dynamic=options["dynamic"]))
     monkeypatch.setattr(evaluate, "check_variant", recording_check)
     job = _job()
-    result = evaluate.evaluate({}, job, Candidate("compiled", {"mode": "default", "dynamic": dynamic}))
+    config = {"mode": "default", "dynamic": dynamic}
+    result = evaluate.evaluate({}, job, Candidate("compiled", config))
     assert result.outcome is Outcome.OK, result
     odd = registry.get_problem(job.problem).odd_shape(job.shape)
     assert (odd in shapes) == dynamic and job.shape in shapes, shapes
+    assert search.trial_shapes(job, "compiled", config) == [job.shape] + [odd] * dynamic
     if not dynamic:
         assert len(graphs) == 1, f"compiled {len(graphs)} graphs, the tuned shape's alone expected"
 

@@ -253,9 +253,11 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
 
 
 def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:
-    """The shapes a trial runs ``config`` at: the job's (timed, and gated on three cases) and the
-    gate's odd-sized case where it runs the configuration (``gate.runs_at``)."""
+    """The shapes a trial runs ``config`` at: the job's (timed and gated) and the gate's
+    odd-sized case where it runs the configuration (``gate.runs_at``; not one that compiles
+    per shape, ``Variant.compiles_per_shape``)."""
     odd = registry.get_problem(job.problem).odd_shape(job.shape)
     cls = registry.get_variant(job.problem, variant)
-    at_odd = odd is not None and runs_at(cls, config, odd, torch.device(job.device).type)
+    at_odd = (odd is not None and not cls.compiles_per_shape(config)
+              and runs_at(cls, config, odd, torch.device(job.device).type))
     return [dict(job.shape)] + ([odd] if at_odd else [])

@@ -237,3 +237,35 @@ def test_a_finish_inside_the_gemms_launch_passes_the_gate_and_serves_graphs_and_
         assert all(torch.equal(o, want) for o in outs), (shape, inside, "two streams")
         counters = one._arrivals._buffers[x.device]
         assert not counters.any(), counters.nonzero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", ["matmul_clamp_lse_mish", "matmul_gelu_softmax"])
+def test_the_runtimes_graphs_take_no_finish_counter_however_often_a_key_is_captured(problem):
+    """A key captured again after each change of the model's state: its graphs (promised to the
+    caller's stream, ``autofuse.core.capture``) and their warm-ups (one side stream a device) take
+    no counter after the first capture's, every replay is the plain call bit for bit, and every
+    counter is back at 0. Each capture took two counters before, for good (256 in all)."""
+    from autofuse.serve import graphs
+    from autofuse.tuning.gate import CheckCase, build_case
+
+    prob = registry.get_problem(problem)
+    cls = registry.get_variant(problem, "triton")
+    shape = dict(zip(prob.dims, (1, 1000, 777)))
+    inside = next(c for c in cls.small_batch_seeds(shape, "cuda", "bf16", {}) if c.get("finish_inside"))
+    model, x = build_case(prob, CheckCase(shape, "randn", 9, False), "cuda", torch.float32, "eval")
+    one = cls("bf16", **inside)
+    graphed = graphs.GraphedCall.standalone(one, model)
+    taken = []
+    with torch.no_grad():
+        for _ in range(5):
+            prob.linear_of(model).weight.mul_(1.001)  # a new state: the graph is let go, then captured again
+            want = one(model, x)
+            for _ in range(graphs.WARM_CALLS + 3):
+                out = graphed(model, x)
+            assert graphed.graph is not None and graphed.failed is None, graphed.failed
+            assert torch.equal(out, want)
+            taken.append(one._arrivals._taken[x.device])
+    torch.cuda.synchronize()
+    assert len(set(taken)) == 1, f"counters given after each capture: {taken}"
+    assert not one._arrivals._buffers[x.device].any()

@@ -70,6 +70,7 @@ from typing import NamedTuple
 
 import torch
 
+from autofuse.core import capture
 from autofuse.serve import graph_memory, repoint
 
 log = logging.getLogger("autofuse")
@@ -280,14 +281,15 @@ class GraphedCall:
     def _record(self, model, static_x, written, before) -> tuple[torch.cuda.CUDAGraph, object]:
         """The call warmed up on a side stream, as torch.cuda.graphs asks (lazy inits stay out of
         the capture), ``written`` put back to ``before``, then captured: (the graph, its output)."""
-        side = torch.cuda.Stream(static_x.device)
+        side = _warm_up_stream(static_x.device)
         side.wait_stream(torch.cuda.current_stream(static_x.device))
         with torch.cuda.stream(side):
             self.call(model, static_x)
         torch.cuda.current_stream(static_x.device).wait_stream(side)
         _restore(written, before)
         graph = _new_graph()
-        return graph, _captured(self.call, model, static_x, graph)
+        with capture.replays_on(_stream(static_x.device)):  # a replay runs on this stream only (__call__)
+            return graph, _captured(self.call, model, static_x, graph)
 
     def _give_up(self, why: str) -> None:
         self.failed = why
@@ -398,6 +400,21 @@ def _plain(value) -> bool:
     if isinstance(value, tuple):
         return all(isinstance(v, _PLAIN_ATTRS) for v in value)
     return isinstance(value, _PLAIN_ATTRS)
+
+
+_warm_up_streams: dict[torch.device, torch.cuda.Stream] = {}
+_warm_up_lock = threading.Lock()
+
+
+def _warm_up_stream(device: torch.device) -> torch.cuda.Stream:
+    """The device's one side stream for every capture's warm-up call: a stream made for each
+    capture took a finish counter of its own each time (``triton.host.Arrivals``, which keeps a
+    stream's counter for good). Warm-ups from two threads then run in order on it."""
+    with _warm_up_lock:
+        stream = _warm_up_streams.get(device)
+        if stream is None:
+            stream = _warm_up_streams[device] = torch.cuda.Stream(device)
+        return stream
 
 
 def _new_graph() -> torch.cuda.CUDAGraph:

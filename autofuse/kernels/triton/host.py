@@ -11,9 +11,12 @@ import functools
 import importlib
 import importlib.util
 import os
+import threading
 from typing import Any
 
 import torch
+
+from autofuse.core import capture
 
 # An operand, its low part (the operand again unless split) and, for the float16 operands, its rows'
 # inverse scales (else None): what ``triton_variant.input_operands`` and ``weight_operands`` return.
@@ -185,12 +188,17 @@ def launch_main_loop(grid: tuple[int], exact_inline: bool = False, **arguments: 
 class Arrivals:
     """The zeroed int32 counters of kernels whose last program to arrive finishes the launch
     (``gemm.last_to_arrive``, which sets its counter back to 0). Launches that may run at once must
-    not share one: plain calls take their stream's own (calls on one stream run in order), and a
-    call being captured into a CUDA graph takes one nobody else will, since its replays may run
-    beside another stream's calls. The counters are zeroed once, in a buffer made by the first
-    plain call on a device (a capture's warm-up calls run plain first); ``counter`` gives None where
-    the buffer does not exist yet during a capture, or all its counters are given: the caller then
-    finishes in a launch of its own."""
+    not share one: plain calls take their stream's own (calls on one stream run in order). A call
+    being captured into a CUDA graph takes the counter of the stream its replays are promised to
+    (``autofuse.core.capture``: the runtime's graphs replay on their caller's stream only), else one
+    nobody else will, for good, since its replays may run beside another stream's calls. The
+    counters are zeroed once, in a buffer made by the first plain call on a device (a capture's
+    warm-up calls run plain first); ``counter`` gives None where the buffer does not exist yet
+    during a capture, or all its counters are given: the caller then finishes in a launch of its own.
+
+    Before the promise every capture took a counter of its own, and its warm-up on a fresh side
+    stream another: a process that captured 128 graphs (a key recaptured after each change of the
+    model's state, say) had used up the 256, and its later captures finished in a second launch."""
 
     SLOTS = 256
 
@@ -198,13 +206,23 @@ class Arrivals:
         self._buffers: dict[torch.device, torch.Tensor] = {}
         self._taken: dict[torch.device, int] = {}  # counters given on the device
         self._streams: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, stream) -> its counter
+        self._lock = threading.Lock()  # two threads' first calls must not take one slot
 
     def counter(self, device: torch.device) -> torch.Tensor | None:
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        stream = None if capturing else (device, _raw_stream(device) if device.type == "cuda" else 0)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            capturing, promised = True, capture.replay_stream()
+            stream = None if promised is None else (device, promised)
+        else:
+            capturing, stream = False, (device, _raw_stream(device) if device.type == "cuda" else 0)
         counter = self._streams.get(stream)
         if counter is not None:
             return counter
+        with self._lock:
+            return self._give(device, stream, capturing)
+
+    def _give(self, device: torch.device, stream: tuple | None, capturing: bool) -> torch.Tensor | None:
+        if stream in self._streams:  # another thread gave it meanwhile
+            return self._streams[stream]
         buffer = self._buffers.get(device)
         if buffer is None:
             if capturing:

@@ -69,9 +69,10 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
     Timed first: with ``reach_ms`` (the budget's reach of the best gated time so far), a
     candidate slower than that is recorded ``out_of_reach`` with its time and not gated, since
     it cannot be chosen; the gate (its cases, one at an odd small shape where a kernel's sizes
-    may specialise it anew; none there for ``Variant.compiles_per_shape``) is most of a trial's time. ``gate=False`` stops after the timing
-    (``out_of_reach``, "timed only"): a caller that races a few candidates times them all first,
-    then gates some with that timing (``timed``: not measured again).
+    may specialise it anew; none there for ``Variant.compiles_per_shape``) is most of a trial's
+    time. ``gate=False`` stops after the timing (``out_of_reach``, "timed only"): a caller that
+    races a few candidates times them all first, then gates some with that timing (``timed``:
+    not measured again).
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)

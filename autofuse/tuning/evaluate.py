@@ -16,7 +16,7 @@ from autofuse.errors import BuildError
 from autofuse.serve import graphs
 from autofuse.tuning import timeline
 from autofuse.tuning.gate import (CheckCase, build_case, check_cases, check_variant, damaged_cases, damaged_models,
-                                  draw_ahead)
+                                  draw_ahead, tuner_cases)
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.timed_call import forward_call, replayed_call, training_call
 from autofuse.tuning.timing import Timing, time_callable, time_interleaved
@@ -99,7 +99,7 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
     if reach_ms is not None and timing.median_ms > reach_ms:
         return TrialResult(Outcome.OUT_OF_REACH, f"{timing.median_ms:.4g} ms, beyond the gated best's reach "
                            f"({reach_ms:.4g} ms): not gated", timing=timing, compile_s=compile_s)
-    cases = check_cases(problem, job.shape, job.seed, odd=not cls.compiles_per_shape(candidate.params))
+    cases = tuner_cases(problem, cls, candidate.params, job.shape, job.seed)
     try:
         check = check_variant(variant, problem, cases, job.device, dtype=parse_dtype(job.dtype), mode=job.mode,
                               autograd=candidate.autograd, cache=state.setdefault("cases", {}))

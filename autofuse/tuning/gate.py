@@ -97,6 +97,13 @@ _drawer: list[concurrent.futures.ThreadPoolExecutor] = []
 DRAW_THREADS = 4
 
 
+
+def tuner_cases(problem: Problem, cls: type[Variant], params: Mapping, shape: Mapping[str, int],
+                seed: int) -> list[CheckCase]:
+    """The cases a tune gates configuration ``params`` of ``cls`` on: ``check_cases``, less the odd
+    small shape where the configuration compiles per shape (``Variant.compiles_per_shape``)."""
+    return check_cases(problem, shape, seed, odd=not cls.compiles_per_shape(params))
+
 def _draw(fn, *args) -> concurrent.futures.Future:
     """``fn(*args)`` on a drawing thread: CPU draws from their own generators (torch releases the
     GIL while it draws), so the caller compiles, times or checks meanwhile."""

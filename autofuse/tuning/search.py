@@ -22,7 +22,7 @@ from autofuse.kernels.build import build_many
 from autofuse.tuning import prewarm
 from autofuse.tuning import study as studies
 from autofuse.tuning.budget import BUDGETS, STALL_GAIN, Budget
-from autofuse.tuning.gate import runs_at
+from autofuse.tuning.gate import runs_at, tuner_cases
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.shared_study import SharedStudy
@@ -253,11 +253,12 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
 
 
 def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:
-    """The shapes a trial runs ``config`` at: the job's (timed and gated) and the gate's
-    odd-sized case where it runs the configuration (``gate.runs_at``; not one that compiles
-    per shape, ``Variant.compiles_per_shape``)."""
-    odd = registry.get_problem(job.problem).odd_shape(job.shape)
+    """The shapes a trial runs ``config`` at: the job's (timed and gated), then those of the
+    gate's cases (``gate.tuner_cases``) where it runs the configuration (``gate.runs_at``)."""
+    problem = registry.get_problem(job.problem)
     cls = registry.get_variant(job.problem, variant)
-    at_odd = (odd is not None and not cls.compiles_per_shape(config)
-              and runs_at(cls, config, odd, torch.device(job.device).type))
-    return [dict(job.shape)] + ([odd] if at_odd else [])
+    shapes = [dict(job.shape)]
+    for case in tuner_cases(problem, cls, config, job.shape, job.seed):
+        if case.shape not in shapes and runs_at(cls, config, case.shape, torch.device(job.device).type):
+            shapes.append(dict(case.shape))
+    return shapes

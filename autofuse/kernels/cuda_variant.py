@@ -162,8 +162,8 @@ def bfloat16_model_linear(variant: Variant, x: torch.Tensor, weight: torch.Tenso
     bias added in its epilogue, so an epilogue kernel starts from the reference's own tensor.
     InputError where a gradient is needed (a differentiable path calls this inside
     ``fused_call``'s forward, under no_grad) or the operands are not a bfloat16 model's;
-    ``weight`` and ``bias`` are the Linear's
-    (``linear_parameters``), ``name`` its attribute in the model, for messages.
+    ``weight`` and ``bias`` are the Linear's (``linear_parameters``), ``name`` its attribute in
+    the model, for messages.
 
     The GEMM is launched after as few checks as keep it right (grad need, the three dtypes, a
     CUDA matrix); the GEMM checks the devices and the shapes itself, and only when it refuses are

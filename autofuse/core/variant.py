@@ -86,6 +86,12 @@ class Variant:
         return cls.configs(shape, device)
 
     @classmethod
+    def quick_configs(cls, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The part of ``configs`` (``configs_for``'s) a ``quick`` tune searches: all of them,
+        unless some cost far more to try than they have ever won (``compiled``'s modes)."""
+        return configs
+
+    @classmethod
     def small_batch_seeds(cls, shape: Mapping[str, int], device: str, precision: str,
                           like: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Configurations built for a small, memory-bound batch at ``shape`` (smaller tiles, more

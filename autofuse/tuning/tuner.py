@@ -183,8 +183,12 @@ def _settings(prob: Problem, device: str, dtype, precision, mode, seed) -> dict:
     return {"device": device, "dtype": dtype, "precision": precision, "mode": mode, "seed": seed}
 
 
-def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) -> dict[str, list[dict]]:
-    """Valid configurations of every variant admitted for this key, by variant name."""
+def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None, budget: str = "quick",
+            keep: list[tuple[str, dict]] = ()) -> dict[str, list[dict]]:
+    """Valid configurations of every variant admitted for this key, by variant name: under a
+    budget that does not search every configuration, each variant's ``quick_configs`` and the
+    valid ones of ``keep`` (what the table holds for the key, measured again before a retune may
+    replace it: ``studies.enqueue_starting_points``)."""
     device_type = torch.device(settings["device"]).type
     dtype = parse_dtype(settings["dtype"])
     table = registry.variants(prob.name)
@@ -197,6 +201,10 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     for name, variant in table.items():
         if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
             configs = variant.configs_for(shape, device_type, settings["precision"])
+            if not get_budget(budget).every_config:
+                kept = [c for n, c in keep if n == name and c in configs]
+                configs = variant.quick_configs(configs)
+                configs += [c for c in kept if c not in configs]
             if configs:
                 spaces[name] = configs
     if not spaces:
@@ -204,15 +212,18 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None) 
     return spaces
 
 
-def _key_setup(prob, shape, settings, plan) -> tuple[dict, Job, dict, DispatchKey]:
-    """The shape's search space, job, fingerprint and (forward) dispatch key."""
-    spaces = _spaces(prob, shape, settings, plan.variants)
-    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
-              settings["seed"], log=str(log_path(prob.name, shape, settings)))
+def _key_setup(prob, shape, settings, plan, table: DispatchTable | None = None
+               ) -> tuple[dict, Job, dict, DispatchKey, list[tuple[str, dict]]]:
+    """The shape's search space, job, fingerprint, (forward) dispatch key, and the (variant,
+    configuration) pairs ``table`` holds for the key (in the space whatever the budget)."""
     # Read in this process: a rerun whose trials are all done then never starts a worker.
     fingerprint = current_fingerprint(settings["device"])
     key = DispatchKey(settings["dtype"], settings["precision"], settings["mode"], autograd=False)
-    return spaces, job, fingerprint, key
+    recorded = _recorded_configs(table, fingerprint, prob, shape, key)
+    spaces = _spaces(prob, shape, settings, plan.variants, plan.budget, recorded)
+    job = Job(prob.name, shape, settings["device"], settings["dtype"], settings["precision"], settings["mode"],
+              settings["seed"], log=str(log_path(prob.name, shape, settings)))
+    return spaces, job, fingerprint, key, recorded
 
 
 def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
@@ -220,13 +231,12 @@ def _open(prob, shape, settings, plan, table: DispatchTable | None = None):
 
     A new study measures first what ``table`` holds for the key (see ``enqueue_starting_points``).
     """
-    spaces, job, fingerprint, key = _key_setup(prob, shape, settings, plan)
+    spaces, job, fingerprint, key, recorded = _key_setup(prob, shape, settings, plan, table)
     # Nothing process-specific (such as the seed) goes into the name: cooperating processes share the study.
     name = "|".join([prob.name, shape_key(shape), key.to_str(), fingerprint_key(fingerprint),
                      studies.space_hash(registry.variants(prob.name), spaces)])
     study = studies.open_study(name, settings["seed"], plan.backend)
-    studies.enqueue_starting_points(study, _likely_fastest_first(spaces, registry.variants(prob.name)),
-                                    _recorded_configs(table, fingerprint, prob, shape, key))
+    studies.enqueue_starting_points(study, _likely_fastest_first(spaces, registry.variants(prob.name)), recorded)
     return spaces, job, fingerprint, key, name, study
 
 
@@ -311,7 +321,7 @@ def _add_classes(prob, shape, settings, worker, table, plan: Plan) -> TuneResult
     configuration, the next fastest recorded, the small-batch seeds, the simplest variants and, for
     a winner restricted to where it was gated, its variant at the next stricter precision."""
     started = time.monotonic()
-    spaces, job, fingerprint, key = _key_setup(prob, shape, settings, plan)
+    spaces, job, fingerprint, key, _ = _key_setup(prob, shape, settings, plan, table)
     label = f"{prob.name} {prob.shape_str(shape)}"
     recorded = _recorded(table, fingerprint, prob, shape, key, plan.autograd_entry)
     if recorded is None:

@@ -1,4 +1,5 @@
-"""Timing statistics and the final choice, replayed from recorded timings (no GPU needed)."""
+"""Timing statistics and the final choice, replayed from recorded timings (no GPU needed but for
+one check of the stream's hold on a real device)."""
 
 import pytest
 
@@ -90,6 +91,85 @@ def test_a_large_win_with_a_host_stalled_tail_is_taken():
     # Its lower half must clear the incumbent's fast calls: a wide lower spread does not.
     wide = _row("single_pass", 5, Timing(0.4200, 0.3600, 0.4600, 50))
     assert pick_simplest_within_noise([simplified, wide]).variant == "simplified"
+
+
+class _SimulatedGpu:
+    """A host and a device stream on one simulated clock (ms): each call costs the host ``host_ms``,
+    then its kernel runs ``device_ms`` once the stream is free; a sleep kernel holds the stream."""
+
+    def __init__(self, host_ms, device_ms):
+        self.host_ms, self.device_ms = host_ms, device_ms
+        self.host = self.free = 0.0
+
+    def _enqueue(self, ms):
+        self.free = max(self.free, self.host) + ms
+
+    def call(self):
+        self.host += self.host_ms
+        self._enqueue(self.device_ms)
+
+    def install(self, monkeypatch):
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = max(gpu.free, gpu.host)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        clock = type("clock", (), {"perf_counter": staticmethod(lambda: gpu.host / 1e3),
+                                   "perf_counter_ns": staticmethod(lambda: int(gpu.host * 1e6))})
+        monkeypatch.setattr(timing, "time", clock)
+        monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+        monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: gpu._enqueue(float(cycles)))
+        monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(timing, "_cycles_per_ms", {0: 1.0})  # a cycle a millisecond
+
+
+@pytest.mark.parametrize("host_ms", [0.05, 0.8, 3.0])
+def test_the_stream_is_held_for_as_long_as_the_host_takes_to_enqueue_the_calls(monkeypatch, host_ms):
+    """A training step whose backward runs Python took the device's host longer than its 0.43 ms
+    of GPU work: a flat hold (0.5 ms a call, at most 50 ms) ran out, and the samples read the
+    host's time (kb2-99's bfloat16 step on an H100: cublas_epilogue 0.4286-0.8556 ms p20-p80)."""
+    gpu = _SimulatedGpu(host_ms, device_ms=0.43)
+    gpu.install(monkeypatch)
+    device = timing.torch.device("cuda", 0)
+    measured = time_callable(gpu.call, device, flush=False)
+    assert measured.reps == 200 and measured.p80_ms == pytest.approx(0.43)
+    rounds = time_interleaved({"a": gpu.call, "b": gpu.call}, device, rounds=5, flush=False)
+    assert all(t.p80_ms == pytest.approx(0.43) for t in rounds.values())
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_call_the_host_takes_longer_to_enqueue_is_timed_at_its_device_work():
+    import time
+
+    import torch
+
+    device = torch.device("cuda")
+    timing._prime(device, 0.0)  # calibrates the sleep kernel's clock
+    cycles = int(timing._cycles_per_ms[torch.cuda.current_device()] * 0.2)
+
+    def call():  # 0.2 ms of device work, 1 ms of the host's between its two halves
+        torch.cuda._sleep(cycles // 2)
+        time.sleep(0.001)
+        torch.cuda._sleep(cycles // 2)
+    measured = time_callable(call, device, flush=False)
+    assert measured.p80_ms < 0.3, measured
+
+
+def test_a_long_hold_is_split_into_sleeps_each_under_the_cap():
+    for reps, host_ms in [(200, 0.0), (200, 0.8), (3, 0.8), (7, 100.0)]:
+        holds = timing._holds(reps, host_ms)
+        assert sum(calls for calls, _ in holds) == reps
+        assert all(hold <= timing.PRIME_MAX_MS for _, hold in holds)
+        per_call = max(timing.PRIME_MS_PER_CALL, timing.HOST_MARGIN * host_ms)
+        if per_call < timing.PRIME_MAX_MS:
+            assert all(hold >= calls * per_call for calls, hold in holds)
 
 
 def test_the_l2_flush_reads_its_buffer_and_writes_nothing_the_next_call_would_write_back(monkeypatch):

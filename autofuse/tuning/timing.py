@@ -18,9 +18,13 @@ import torch
 
 _flush_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # (what is read, its sum)
 _cycles_per_ms: dict[int, float] = {}
-# How long the stream is held per call about to be enqueued (capped): far more than the host
-# needs to launch one call of any variant here, so the device never waits on the host.
-PRIME_MS_PER_CALL = 0.5
+# How long the stream is held per call about to be enqueued: HOST_MARGIN times the host's measured
+# time to enqueue one call, at least PRIME_MS_PER_CALL (what a 50 ms hold gave each of 200 calls
+# before the host was measured), so the device never waits on the host; a hold past PRIME_MAX_MS
+# is split, a sleep every so many calls.
+PRIME_MS_PER_CALL = 0.25
+HOST_MARGIN = 1.5
+PRIME_BASE_MS = 0.2
 PRIME_MAX_MS = 50.0
 
 
@@ -71,8 +75,8 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _prime(device: torch.device, calls: int) -> None:
-    """Hold the stream with a sleep kernel while the host enqueues ``calls`` calls.
+def _prime(device: torch.device, hold_ms: float) -> None:
+    """Hold the stream with a sleep kernel for ``hold_ms`` while the host enqueues calls.
 
     Right after a synchronize the device is idle, and a call launched from Python in several
     steps (51's simplified variant: ~0.1 ms of device work) kept it waiting between launches:
@@ -82,8 +86,25 @@ def _prime(device: torch.device, calls: int) -> None:
     index = _device_index(device)
     if index not in _cycles_per_ms:
         _cycles_per_ms[index] = _sleep_rate(_measure_sleep_ms)
-    hold_ms = min(PRIME_MAX_MS, PRIME_MS_PER_CALL * calls + 0.2)
     torch.cuda._sleep(int(_cycles_per_ms[index] * hold_ms))
+
+
+def _holds(reps: int, host_ms: float) -> list[tuple[int, float]]:
+    """(calls, hold in ms) for each run of ``reps`` calls enqueued behind one sleep: a hold covers
+    its calls at the larger of PRIME_MS_PER_CALL and HOST_MARGIN × ``host_ms`` (the host's time to
+    enqueue one call), and none passes PRIME_MAX_MS.
+
+    A flat 0.5 ms a call, capped at 50 ms for all of a timing's up to 200 calls, did not cover a
+    training step whose backward runs Python (a custom autograd Function's, torch.compile's): the
+    device's host takes longer than the step's 0.43 ms of GPU work, so once the hold ran out the
+    device waited on the host and the samples read the host's time. kb2-99's bfloat16-model step
+    on an H100: cublas_epilogue 0.4286-0.8556 ms p20-p80 (medians of tuner timings up to 1.1 ms),
+    torch.compile 0.4403-0.9676, eager (autograd in C++) 0.4699-0.4738.
+    """
+    per_call = max(PRIME_MS_PER_CALL, HOST_MARGIN * host_ms)
+    chunk = max(1, int((PRIME_MAX_MS - PRIME_BASE_MS) // per_call))
+    return [(n, min(PRIME_MAX_MS, PRIME_BASE_MS + per_call * n))
+            for n in (min(chunk, reps - first) for first in range(0, reps, chunk))]
 
 
 SLEEP_CALIBRATION_CYCLES = 1_000_000
@@ -111,29 +132,34 @@ def _sleep_rate(measure_ms: Callable[[], float], readings: int = 5) -> float:
     return SLEEP_CALIBRATION_CYCLES / max(fastest_ms, 1e-3)
 
 
-def _time_reps(fn: Callable[[], object], device: torch.device, flush: bool, reps: int) -> list[float]:
-    """Milliseconds of ``reps`` calls. On CUDA all are enqueued behind a sleep kernel before one
-    synchronize (``_prime``), so the device runs them back to back and the events time the
-    device's work, as in a caller's loop that keeps the GPU busy."""
+def _time_reps(fn: Callable[[], object], device: torch.device, flush: bool, reps: int,
+               host_ms: float = 0.0) -> tuple[list[float], float]:
+    """Milliseconds of ``reps`` calls, and the host's milliseconds to enqueue one. On CUDA all are
+    enqueued behind sleep kernels that hold the stream while the host enqueues (``_holds``, from
+    ``host_ms``: the last measurement's host time) before one synchronize, so the device runs them
+    back to back and the events time the device's work, as in a caller's loop that keeps the GPU busy."""
     if device.type != "cuda":
         samples = []
         for _ in range(reps):
             start = time.perf_counter_ns()
             fn()
             samples.append((time.perf_counter_ns() - start) / 1e6)
-        return samples
+        return samples, statistics.median(samples)
     events = []
-    _prime(device, reps)
-    for _ in range(reps):
-        if flush:
-            _flush_l2(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
+    enqueue_start = time.perf_counter()
+    for calls, hold_ms in _holds(reps, host_ms):
+        _prime(device, hold_ms)
+        for _ in range(calls):
+            if flush:
+                _flush_l2(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+    host = (time.perf_counter() - enqueue_start) * 1e3 / reps
     torch.cuda.synchronize(device)
-    return [start.elapsed_time(end) for start, end in events]
+    return [start.elapsed_time(end) for start, end in events], host
 
 
 @contextlib.contextmanager
@@ -152,6 +178,17 @@ def _no_gc():
             gc.enable()
 
 
+def _warm_up(fn: Callable[[], object], calls: int) -> float:
+    """Call ``fn`` ``calls`` times; the host's milliseconds for the last (its launches are
+    asynchronous: the host's part of a call), 0 for none."""
+    host_ms = 0.0
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        host_ms = (time.perf_counter() - start) * 1e3
+    return host_ms
+
+
 def _rep_count(estimate_ms: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
     return int(max(min_reps, min(max_reps, budget_ms / max(estimate_ms, 1e-3))))
 
@@ -160,14 +197,13 @@ def time_callable(fn: Callable[[], object], device, *, warmup: int = 3, budget_m
                   min_reps: int = 5, max_reps: int = 200, flush: bool = True) -> Timing:
     """Median/p20/p80 of ``fn()`` over enough repetitions to fill ``budget_ms``, after ``warmup`` calls."""
     device = torch.device(device)
-    for _ in range(warmup):
-        fn()
+    host_ms = _warm_up(fn, warmup)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     with _no_gc():
-        estimate = statistics.median(_time_reps(fn, device, flush, 3))
-        reps = _rep_count(estimate, budget_ms, min_reps, max_reps)
-        return Timing.from_samples(_time_reps(fn, device, flush, reps))
+        estimate, host_ms = _time_reps(fn, device, flush, 3, host_ms)
+        reps = _rep_count(statistics.median(estimate), budget_ms, min_reps, max_reps)
+        return Timing.from_samples(_time_reps(fn, device, flush, reps, host_ms)[0])
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], object]], device, *, rounds: int = 30, warmup: int = 2,
@@ -179,13 +215,12 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], device, *, rounds:
     compared is what repeated calls cost, while the rounds spread drift over all candidates.
     """
     device = torch.device(device)
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+    host_ms = {name: _warm_up(fn, warmup) for name, fn in fns.items()}  # then measured as each round enqueues
     samples: dict[str, list[float]] = {name: [] for name in fns}
     with _no_gc():
         for _ in range(rounds):
             for name, fn in fns.items():
                 fn()
-                samples[name].extend(_time_reps(fn, device, flush, per_round))
+                timed, host_ms[name] = _time_reps(fn, device, flush, per_round, host_ms[name])
+                samples[name].extend(timed)
     return {name: Timing.from_samples(values) for name, values in samples.items()}

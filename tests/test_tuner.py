@@ -319,3 +319,36 @@ def test_the_final_choice_re_times_a_variants_near_configurations_and_the_winner
     assert winner["params"] == configs[1]
     [triton] = [row for row in rows if row.variant == "triton"]
     assert triton.params == configs[1] and winner["candidates"]["triton"]["params"] == configs[1]
+
+
+def test_the_autograd_entry_records_each_variants_training_step_not_its_forwards_re_timing():
+    """A variant the autograd race does not re-time (beyond the best three) recorded, in the
+    autograd entry's candidates, its forward's re-timed time as its training step's (kb2-22 on an
+    H100: cublas_epilogue's "step" read 0.1831 ms, its forward's time, beside compiled's 0.4494)."""
+    from autofuse.core import registry
+    from autofuse.tuning import study as studies
+    from autofuse.tuning import tuner
+    from autofuse.tuning.outcome import Job, TrialResult
+    from autofuse.tuning.timing import Timing
+
+    timed = lambda ms: Timing(ms, ms, ms, 30)  # noqa: E731
+    forward = {"eager": 3.0, "simplified": 2.9, "cublas_epilogue": 1.0, "triton": 1.1}
+    step = {"eager": 5.0, "simplified": 4.0, "cublas_epilogue": 9.0, "triton": 4.5}
+    spaces = {name: [{}] if name != "triton" else
+              registry.get_variant("matmul_gelu_softmax", "triton").configs(SMALL, "cuda")[:1] for name in forward}
+    results = {(n, studies.config_label(spaces[n][0])): TrialResult(Outcome.OK, None, 1e-7, timed(ms))
+               for n, ms in forward.items()}
+    rows = tuner._rows(results, {n: registry.get_variant("matmul_gelu_softmax", n) for n in spaces}, spaces)
+
+    class Worker:
+        def call(self, op, payload, timeout):
+            if op == "evaluate":
+                _, candidate = payload
+                return TrialResult(Outcome.OK, None, 1e-7, timed(step[candidate.variant]))
+            ms = lambda c: (step if c.autograd else forward)[c.variant]  # noqa: E731
+            return {c.label(): timed(ms(c)) for c in payload[1]}
+
+    job = Job("matmul_gelu_softmax", SMALL, "cuda", "float32", "fp32", "any", 1)  # the worker is a stand-in
+    winner, grad = tuner._finish(registry.get_problem("matmul_gelu_softmax"), job, rows, Worker(), 60, True, 4, "s")
+    assert winner["variant"] == "cublas_epilogue" and winner["candidates"]["cublas_epilogue"]["median_ms"] == 1.0
+    assert {n: c["median_ms"] for n, c in grad["candidates"].items()} == step

@@ -509,10 +509,13 @@ def _finish(prob, job, rows, worker, trial_timeout, autograd_entry, n_trials, st
             first = None  # the fastest configuration's failure, reported if none passes
             for params in tries[:GRAD_TRIES]:
                 checked = worker.call("evaluate", (job, Candidate(row.variant, params, autograd=True)), trial_timeout)
+                # Without the forward's re-timing (``final``, ``eager_ms``): a row the autograd
+                # race does not re-time would record its forward's time as its training step's.
+                checked_row = dataclasses.replace(row, params=params, result=checked, final=None, eager_ms=None)
                 if checked.outcome is Outcome.OK:
-                    grad_rows.append(dataclasses.replace(row, params=params, result=checked))
+                    grad_rows.append(checked_row)
                     break
-                first = first or dataclasses.replace(row, result=checked)
+                first = first or checked_row
             else:
                 grad_rows.append(first)
         grad_winner = choose(job, grad_rows, worker, trial_timeout, autograd=True)

@@ -186,33 +186,6 @@ def test_a_candidate_submitted_again_is_waited_for_not_compiled_again(monkeypatc
     assert ask(prewarm.Compile("triton", config, {**SHAPE, "batch_size": 1}, True)) == ["future 3"]
 
 
-def test_the_tuners_exit_ends_the_compiles_still_running_instead_of_waiting_for_them(monkeypatch, tmp_path):
-    """A finished tune's process waited at exit for every compile in flight (``shutdown(wait=True)``):
-    nobody needs them once the table is written."""
-    import concurrent.futures
-    import multiprocessing
-    import time
-
-    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
-    monkeypatch.setattr(prewarm, "_pool", pool)
-    for i in range(2):
-        pool.submit(_compile_for_a_minute, tmp_path / f"started{i}")
-    while len(list(tmp_path.iterdir())) < 2:  # both processes are in the middle of a compile
-        time.sleep(0.05)
-    processes = list(pool._processes.values())
-    start = time.perf_counter()
-    prewarm._stop()
-    assert time.perf_counter() - start < 20, "the exit waited for the running compiles"
-    assert prewarm._pool is None and not any(p.is_alive() for p in processes)
-
-
-def _compile_for_a_minute(started):
-    import time
-
-    started.touch()
-    time.sleep(60)
-
-
 @pytest.mark.gpu
 @needs_triton
 def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kernel(monkeypatch, tmp_path):

@@ -61,7 +61,7 @@ def start(device: str, log: str | None = None) -> None:
                                                        initializer=_quiet)
         # Shut down before the interpreter's teardown: collected during it, the executor's
         # callback printed "AttributeError: 'NoneType' object has no attribute 'util'".
-        atexit.register(_stop)
+        atexit.register(_shutdown, True)
         for _ in range(jobs()):
             _pool.submit(_ready, device, log)
     except (RuntimeError, OSError):
@@ -233,17 +233,3 @@ def _shutdown(wait: bool = False) -> None:
         _pool.shutdown(wait=wait, cancel_futures=True)
         _pool = None
     _submitted.clear()
-
-
-def _stop() -> None:
-    """At the tuner's exit: the compiles still running end now. Once the table is written nobody
-    needs them, and a shutdown that waited held the finished tune's process for as long as the
-    slowest (a Triton compile writes its cache entry by rename, so a killed one leaves none)."""
-    if _pool is not None:
-        terminate = getattr(_pool, "terminate_workers", None)  # Python 3.14
-        if terminate is not None:
-            terminate()
-        else:
-            for process in list((getattr(_pool, "_processes", None) or {}).values()):
-                process.terminate()
-    _shutdown(wait=True)

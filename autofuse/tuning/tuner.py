@@ -197,11 +197,11 @@ def _spaces(prob: Problem, shape: dict, settings: dict, only: list[str] | None, 
         if unknown:
             raise InputError(f"{prob.name} has no variant(s) {unknown}; known: {sorted(table)}")
         table = {name: table[name] for name in only}
-    spaces = {}
+    spaces, narrowed = {}, not get_budget(budget).every_config
     for name, variant in table.items():
         if variant.admits(device_type, dtype, settings["precision"], autograd=False) is None:
             configs = variant.configs_for(shape, device_type, settings["precision"])
-            if not get_budget(budget).every_config:
+            if narrowed:
                 kept = [c for n, c in keep if n == name and c in configs]
                 configs = variant.quick_configs(configs)
                 configs += [c for c in kept if c not in configs]

@@ -2,6 +2,8 @@
 (``autofuse.tuning.prewarm``): at every shape a trial runs them at, never on the CPU, and
 nothing it does can change a result (a failure is the worker's to meet and record)."""
 
+import os
+
 import pytest
 import torch
 
@@ -280,3 +282,67 @@ def test_a_search_batch_asks_until_it_holds_enough_new_candidates_to_compile_tog
     with SharedStudy(study) as shared, TrialProgress(4, 0, "batch", enabled=False) as bar:
         assert search._measure_batch(shared, spaces, job, Worker(), 8, 3, 4, 60.0, bar, search._Progress(BUDGETS["full"], None)) == 4
     assert compiled[-1] == []
+
+
+
+WINNER_99_BF16 = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
+                  "persistent": True, "tma": True, "operands": "cast_pass"}
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("dtype, precision, shape, configs", [
+    ("float32", "fp32", {"batch_size": 37, "in_features": 264, "out_features": 200}, None),
+    # kb2-99's bfloat16-model winner at its batch class 1
+    ("bfloat16", "bf16", {"batch_size": 1, "in_features": 8192, "out_features": 8192},
+     [WINNER_99_BF16, {**WINNER_99_BF16, "persistent": False}]),
+])
+def test_on_the_gpu_what_the_pool_compiled_is_loaded_after_a_torch_compile_not_compiled_again(
+        monkeypatch, tmp_path, dtype, precision, shape, configs):
+    """The pool's whole point: after it compiled a candidate, the worker's first call at the same
+    shape compiles no kernel. With ``TRITON_CACHE_DIR`` unset, as most users run, a worker that
+    had run ``torch.compile`` (Inductor names its own cache there) compiled everything again
+    (``worker.share_tritons_cache``)."""
+    from autofuse.core.precision import parse_dtype
+    from autofuse.tuning.worker import share_tritons_cache
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))  # Triton's default cache, under tmp_path
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    share_tritons_cache()  # as the tuner does before it starts the worker and the pool
+    prewarm._shutdown()
+    problem = registry.get_problem("matmul_gelu_softmax")
+    configs = configs or registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
+    try:
+        prewarm.warm(problem.name, "cuda", dtype, "any", precision, [("triton", c, shape) for c in configs])
+    finally:
+        prewarm._shutdown()
+    compiled = set(tmp_path.rglob("*.cubin"))
+    assert compiled, "the pool compiled nothing"
+    torch.compile(lambda t: torch.nn.functional.gelu(t).sum(-1))(torch.randn(64, 96, device="cuda"))  # a compiled trial
+    compiled = set(tmp_path.rglob("*.cubin"))
+    model, x = prewarm._case(problem, shape, "cuda", parse_dtype(dtype), "any")
+    for config in configs:
+        variant = registry.get_variant(problem.name, "triton")(precision, **config)
+        variant.build("cuda")
+        with torch.no_grad():
+            variant(model, x)
+    torch.cuda.synchronize()
+    again = set(tmp_path.rglob("*.cubin")) - compiled
+    assert not again, f"compiled again at the first call: {sorted(p.name for p in again)}"
+
+
+def test_the_tuner_names_tritons_cache_for_the_worker_and_the_pool_where_nothing_does(monkeypatch, tmp_path):
+    from autofuse.tuning import worker
+
+    knobs = pytest.importorskip("triton").knobs
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    started = []
+    monkeypatch.setattr(worker.subprocess, "Popen", lambda *a, **k: started.append(os.environ.get("TRITON_CACHE_DIR")))
+    monkeypatch.setattr(worker, "Connection", lambda fd: None)
+    worker.Worker().spawn()
+    assert started == [knobs.cache.dir] and started[0].startswith(str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))  # a user's own is kept
+    worker.share_tritons_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")

@@ -31,7 +31,7 @@ import torch
 from autofuse.core import registry
 from autofuse.tuning import timeline
 from autofuse.tuning.outcome import Candidate
-from autofuse.tuning.worker import redirect_output
+from autofuse.tuning.worker import redirect_output, share_tritons_cache
 
 # Seconds the caller waits for a batch's compiles before it goes on (and the worker compiles).
 WAIT_S = 300.0
@@ -56,6 +56,7 @@ def start(device: str, log: str | None = None) -> None:
     global _pool
     if _pool is not None or not enabled(device) or _unsupported():
         return
+    share_tritons_cache()  # the worker's, where it started first
     try:
         _pool = concurrent.futures.ProcessPoolExecutor(jobs(), mp_context=multiprocessing.get_context("spawn"),
                                                        initializer=_quiet)

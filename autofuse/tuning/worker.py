@@ -11,6 +11,7 @@ float64 references are computed once per tune, not once per trial.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -36,6 +37,23 @@ from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa
 STARTUP_TIMEOUT_S = 300.0
 
 
+def share_tritons_cache() -> None:
+    """Name Triton's on-disk cache in this process's environment, where nothing names it, so that
+    the worker and the compile pool (``autofuse.tuning.prewarm``), which inherit it, keep using
+    one cache. Unnamed, it moved under a worker that had run ``torch.compile`` (the ``compiled``
+    variant's trials): Inductor points ``TRITON_CACHE_DIR`` at its own cache where it is unset, so
+    the worker compiled every later Triton kernel again instead of loading the pool's (H100,
+    kb2-99's bfloat16-model tune: first calls of 2.3-4.2 s for configurations the pool had
+    compiled in 2.0-3.5 s, at the search's shape and at the batch classes' rungs)."""
+    if "TRITON_CACHE_DIR" in os.environ:
+        return
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton: nothing to share
+        return
+    os.environ["TRITON_CACHE_DIR"] = knobs.cache.dir
+
+
 # -- the parent's side -----------------------------------------------------------
 class Worker:
     """One worker subprocess at a time, restarted whenever a candidate breaks it.
@@ -58,6 +76,7 @@ class Worker:
         rerun of a tuned shape) closes it unused."""
         if self._proc is None or self._proc.poll() is not None:
             self.close()  # a child that died idle
+            share_tritons_cache()
             timeline.mark_origin()  # the child's spans count from the tuner's origin
             ours, theirs = socket.socketpair()
             self._proc = subprocess.Popen([sys.executable, "-m", "autofuse.tuning.worker", str(theirs.fileno())],

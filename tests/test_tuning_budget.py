@@ -162,8 +162,9 @@ def test_the_budget_name_is_checked():
         autofuse.tune("matmul_gelu_softmax", SMALL, device="cpu", budget="fastest")
 
 
-def test_quick_searches_compiled_in_mode_default_only_and_full_in_every_mode(tmp_path, with_compiled):
-    """The other modes compiled for far longer and never won (``CompiledVariant.quick_configs``);
+def test_quick_searches_compiled_in_mode_default_static_only_and_full_in_every_mode(tmp_path, with_compiled):
+    """The other modes and symbolic sizes compiled for far longer and never won
+    (``CompiledVariant.quick_configs``);
     a configuration the table holds for the key is searched whatever the budget, so a quick retune
     measures it again before it may replace it."""
     from autofuse.core import registry
@@ -171,12 +172,13 @@ def test_quick_searches_compiled_in_mode_default_only_and_full_in_every_mode(tmp
 
     settings = {"device": "cpu", "dtype": "float32", "precision": "fp32", "mode": "any", "seed": 1}
     prob, shape = registry.get_problem("matmul_gelu_softmax"), dict(SMALL)
-    modes = lambda budget, keep=(): {c["mode"] for c in tuner._spaces(prob, shape, settings, None, budget, keep)["compiled"]}  # noqa: E731
-    assert modes("quick") == {"default"}
-    assert modes("full") == {"default", "max-autotune-no-cudagraphs"}
+    modes = lambda budget, keep=(): {(c["mode"], c["dynamic"])  # noqa: E731
+                                     for c in tuner._spaces(prob, shape, settings, None, budget, keep)["compiled"]}
+    assert modes("quick") == {("default", False)}
+    assert modes("full") == {(m, d) for m in ("default", "max-autotune-no-cudagraphs") for d in (False, True)}
     held = {"mode": "max-autotune-no-cudagraphs", "dynamic": False}
-    assert modes("quick", [("compiled", held)]) == {"default", "max-autotune-no-cudagraphs"}
-    assert modes("quick", [("compiled", {"mode": "no-such-mode", "dynamic": False})]) == {"default"}
+    assert modes("quick", [("compiled", held)]) == {("default", False), ("max-autotune-no-cudagraphs", False)}
+    assert modes("quick", [("compiled", {"mode": "no-such-mode", "dynamic": False})]) == {("default", False)}
     # The table holds it: tune's study starts with it.
     table = DispatchTable(tmp_path / "t.json")
     fp, key = current_fingerprint("cpu"), DispatchKey("float32", "fp32", "any", False)

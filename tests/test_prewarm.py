@@ -3,6 +3,7 @@
 nothing it does can change a result (a failure is the worker's to meet and record)."""
 
 import os
+import pathlib
 
 import pytest
 import torch
@@ -287,6 +288,35 @@ def test_a_search_batch_asks_until_it_holds_enough_new_candidates_to_compile_tog
 
 WINNER_99_BF16 = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
                   "persistent": True, "tma": True, "operands": "cast_pass"}
+# A worker's life, in a process of its own as the worker's is: the tuner names Triton's cache, the
+# pool compiles the candidates, a compiled trial runs torch.compile, then the first calls.
+_WORKER = """
+import json, pathlib, sys, torch
+from autofuse.core import registry
+from autofuse.core.precision import parse_dtype
+from autofuse.tuning import prewarm
+from autofuse.tuning.worker import share_tritons_cache
+dtype, precision, shape, configs, root = json.loads(sys.argv[1])
+root = pathlib.Path(root)
+share_tritons_cache()
+problem = registry.get_problem("matmul_gelu_softmax")
+configs = configs or registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
+try:
+    prewarm.warm(problem.name, "cuda", dtype, "any", precision, [("triton", c, shape) for c in configs])
+finally:
+    prewarm._shutdown()
+pooled = sorted(map(str, root.rglob("*.cubin")))
+torch.compile(lambda t: torch.nn.functional.gelu(t).sum(-1))(torch.randn(64, 96, device="cuda"))
+before = set(map(str, root.rglob("*.cubin")))
+model, x = prewarm._case(problem, shape, "cuda", parse_dtype(dtype), "any")
+for config in configs:
+    variant = registry.get_variant(problem.name, "triton")(precision, **config)
+    variant.build("cuda")
+    with torch.no_grad():
+        variant(model, x)
+torch.cuda.synchronize()
+print(json.dumps({"pooled": pooled, "again": sorted(set(map(str, root.rglob("*.cubin"))) - before)}))
+"""
 
 
 @pytest.mark.gpu
@@ -298,38 +328,25 @@ WINNER_99_BF16 = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "w
      [WINNER_99_BF16, {**WINNER_99_BF16, "persistent": False}]),
 ])
 def test_on_the_gpu_what_the_pool_compiled_is_loaded_after_a_torch_compile_not_compiled_again(
-        monkeypatch, tmp_path, dtype, precision, shape, configs):
+        tmp_path, dtype, precision, shape, configs):
     """The pool's whole point: after it compiled a candidate, the worker's first call at the same
     shape compiles no kernel. With ``TRITON_CACHE_DIR`` unset, as most users run, a worker that
     had run ``torch.compile`` (Inductor names its own cache there) compiled everything again
     (``worker.share_tritons_cache``)."""
-    from autofuse.core.precision import parse_dtype
-    from autofuse.tuning.worker import share_tritons_cache
+    import json
+    import subprocess
+    import sys
 
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    monkeypatch.setenv("TRITON_HOME", str(tmp_path))  # Triton's default cache, under tmp_path
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    share_tritons_cache()  # as the tuner does before it starts the worker and the pool
-    prewarm._shutdown()
-    problem = registry.get_problem("matmul_gelu_softmax")
-    configs = configs or registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
-    try:
-        prewarm.warm(problem.name, "cuda", dtype, "any", precision, [("triton", c, shape) for c in configs])
-    finally:
-        prewarm._shutdown()
-    compiled = set(tmp_path.rglob("*.cubin"))
-    assert compiled, "the pool compiled nothing"
-    torch.compile(lambda t: torch.nn.functional.gelu(t).sum(-1))(torch.randn(64, 96, device="cuda"))  # a compiled trial
-    compiled = set(tmp_path.rglob("*.cubin"))
-    model, x = prewarm._case(problem, shape, "cuda", parse_dtype(dtype), "any")
-    for config in configs:
-        variant = registry.get_variant(problem.name, "triton")(precision, **config)
-        variant.build("cuda")
-        with torch.no_grad():
-            variant(model, x)
-    torch.cuda.synchronize()
-    again = set(tmp_path.rglob("*.cubin")) - compiled
-    assert not again, f"compiled again at the first call: {_specialized_apart(again, compiled)}"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    env.update(TRITON_HOME=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    run = subprocess.run([sys.executable, "-c", _WORKER, json.dumps([dtype, precision, shape, configs, str(tmp_path)])],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["pooled"], "the pool compiled nothing"
+    again = {pathlib.Path(p) for p in report["again"]}
+    assert not again, (f"compiled again at the first call: {_specialized_apart(again, set(map(pathlib.Path, report['pooled'])))}"
+                       f"; what the pool said: {run.stderr[-2000:]}")
 
 
 def _specialized_apart(again: set, compiled: set) -> str:
@@ -345,7 +362,7 @@ def _specialized_apart(again: set, compiled: set) -> str:
         pools = [c for c in compiled if c.name == cubin.name]
         diff = [line for pool in pools[:1]
                 for line in difflib.unified_diff(signature(pool), signature(cubin), lineterm="", n=0)][2:]
-        said.append(f"{cubin.name}: {' | '.join(diff)[:3000] or 'no signature to compare'}")
+        said.append(f"{cubin.name}: {' | '.join(diff)[:3000] if pools else 'the pool compiled no kernel of that name'}")
     return "; ".join(said)
 
 

@@ -8,7 +8,8 @@ measures a batch of trials (``autofuse.tuning.search``), ``warm`` (for the batch
 of processes run each Triton candidate once at the shapes it will run at, under
 ``launch.compiling_only``: Triton compiles exactly what the launch would run into its on-disk
 cache, and nothing is launched, so the GPU the worker times is left alone. The worker's first
-call then loads the kernel instead of compiling it.
+call then loads the kernel instead of compiling it, from the one cache both use
+(``worker.share_tritons_cache``: Inductor would move the worker's).
 
 Nothing depends on it: a candidate that fails here, a pool that breaks or a Triton whose launch
 internals autofuse does not know (``launch.unsupported``) leaves the compile to the worker, which

@@ -285,7 +285,6 @@ def test_a_search_batch_asks_until_it_holds_enough_new_candidates_to_compile_tog
     assert compiled[-1] == []
 
 
-
 WINNER_99_BF16 = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "warps": 8, "group_m": 8,
                   "persistent": True, "tma": True, "operands": "cast_pass"}
 # A worker's life, in a process of its own as the worker's is: the tuner names Triton's cache, the
@@ -355,15 +354,20 @@ def _specialized_apart(again: set, compiled: set) -> str:
 
     said = []
     for cubin in sorted(again):
-        def signature(path):  # its arguments, one a line
-            ttir = path.with_suffix(".ttir")
-            lines = [line for line in ttir.read_text().splitlines() if "tt.func" in line] if ttir.exists() else []
-            return lines[0].split(", %") if lines else []
         pools = [c for c in compiled if c.name == cubin.name]
-        diff = [line for pool in pools[:1]
-                for line in difflib.unified_diff(signature(pool), signature(cubin), lineterm="", n=0)][2:]
-        said.append(f"{cubin.name}: {' | '.join(diff)[:3000] if pools else 'the pool compiled no kernel of that name'}")
+        if not pools:
+            said.append(f"{cubin.name}: the pool compiled no kernel of that name")
+            continue
+        diff = list(difflib.unified_diff(_signature(pools[0]), _signature(cubin), lineterm="", n=0))[2:]
+        said.append(f"{cubin.name}: {' | '.join(diff)[:3000]}")
     return "; ".join(said)
+
+
+def _signature(cubin: pathlib.Path) -> list[str]:
+    """The arguments of the kernel's Triton IR function, one a line."""
+    ttir = cubin.with_suffix(".ttir")
+    lines = [line for line in ttir.read_text().splitlines() if "tt.func" in line] if ttir.exists() else []
+    return lines[0].split(", %") if lines else []
 
 
 def test_the_tuner_names_tritons_cache_for_the_worker_and_the_pool_where_nothing_does(monkeypatch, tmp_path):

@@ -6,10 +6,10 @@ and under max-autotune times cuBLAS against its own GEMM templates. Whatever it 
 judged by the gate like any variant: a compile that moves numerics past the tolerance loses.
 
 Searched: ``mode`` (``default``, ``max-autotune-no-cudagraphs``; on CUDA also ``max-autotune``
-and ``reduce-overhead``, which replay CUDA graphs; under the quick budget ``default`` only, static) and
-``dynamic`` (specialised to the shape, or symbolic sizes). Precision: each call runs inside
-``math_mode``, so the TF32 flags are set when inductor compiles as well as when it runs; dynamo
-guards on them and inductor's cache keys on them, and each instance (one per dispatch key,
+and ``reduce-overhead``, which replay CUDA graphs) and ``dynamic`` (specialised to the shape, or
+symbolic sizes); under the quick budget ``default`` and static only. Precision: each call runs
+inside ``math_mode``, so the TF32 flags are set when inductor compiles as well as when it runs;
+dynamo guards on them and inductor's cache keys on them, and each instance (one per dispatch key,
 hence per precision) compiles its own.
 Under bf16 with float32 input the forward runs under autocast, as ``eager`` does, with the
 weights and biases of its ``nn.Linear`` and ``nn.Conv*`` modules swapped, for the call, for

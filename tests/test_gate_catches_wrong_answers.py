@@ -330,3 +330,21 @@ def test_running_statistics_are_held_to_the_floor_as_outputs_are():
         cases = check_cases(prob, dict(zip(prob.dims, (64, 256, 192))), 321)
         result = check_variant(RunningVarOff(precision), prob, cases, "cpu", dtype=dtype)
         assert not result.ok and "bn.running_var (running statistic) wrong" in result.reason, (dtype, result.reason)
+
+
+class OffOnlyWithGradients(Wrong):
+    """Right with no gradient, 5% high with one, its gradients PyTorch's: a detached term moves the
+    output and not the graph (a path that saves for the backward is other code)."""
+
+    def forward(self, model, x):
+        out = registry.get_variant(self.problem, "eager")()(model, x)
+        return out + 0.05 * out.detach() if torch.is_grad_enabled() else out
+
+
+def test_gate_checks_the_output_an_autograd_entry_serves_not_only_its_gradients():
+    OffOnlyWithGradients.problem = "matmul_gelu_softmax"
+    prob = registry.get_problem("matmul_gelu_softmax")
+    cases = check_cases(prob, _shape("matmul_gelu_softmax"), seed=321)
+    assert check_variant(OffOnlyWithGradients("fp32"), prob, cases, "cpu").ok  # the no-grad path is right
+    result = check_variant(OffOnlyWithGradients("fp32"), prob, cases, "cpu", autograd=True)
+    assert not result.ok and result.reason.startswith("output with gradients on:"), result.reason

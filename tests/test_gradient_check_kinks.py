@@ -29,7 +29,7 @@ class OverTheBound(Variant):
     description = "logits 5e-5 under the clamp bound treated as over it"
     problem = PROBLEM.name
     WINDOW = 5e-5
-    scale_row = None  # (row, factor): an output row off by factor, to prove other rows still count
+    scale_row = None  # (row, factor): a row's gradient off by factor, its output right: other rows still count
 
     def forward(self, model, x):
         logits = model.matmul(x) * (2 * model.scale_factor)
@@ -40,7 +40,8 @@ class OverTheBound(Variant):
         out = z * F.mish(z)
         if self.scale_row is not None:
             row, factor = self.scale_row
-            out = out * torch.where(torch.arange(out.shape[0]) == row, factor, 1.0).unsqueeze(1)
+            scaled = out * torch.where(torch.arange(out.shape[0]) == row, factor, 1.0).unsqueeze(1)
+            out = scaled + (out - scaled).detach()  # the output's values, the scaled row's gradient
         return out
 
 

@@ -518,7 +518,10 @@ def _check_no_alias(variant, model, x, out) -> str | None:
 def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, mode: str) -> tuple[float, str | None]:
     """Gradients of a random cotangent w.r.t. the input and every parameter, against float64,
     with the floors of the outputs' check (``compare``): plain PyTorch's gradients at the
-    precision and the float64 ones at perturbed inputs."""
+    precision and the float64 ones at perturbed inputs. The output of that call, with gradients
+    on, is checked as the no-grad one is: an autograd entry serves exactly such calls, and a
+    variant's path with gradients (saving what its backward needs) is other code than its
+    no-grad one, whose output the gradients need not reveal."""
     tol = problem.tolerance(variant.precision)
     held = prepared.gradients.get((variant.precision, mode))
     cotangent = held[0] if held is not None else _cotangent(problem, prepared, variant.precision)
@@ -532,22 +535,29 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
             if not isinstance(out, torch.Tensor) or not out.requires_grad:
                 return None
             out.backward(cotangent.to(out.dtype))
-        return {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+        return out.detach(), {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
 
     from autofuse.core.variant import EagerVariant
 
     def reference(m, x):
         return m(x)
 
-    got = grads(variant, copy.deepcopy(prepared.model), prepared.x, prepared.x.dtype)
-    if got is None:
+    ran = grads(variant, copy.deepcopy(prepared.model), prepared.x, prepared.x.dtype)
+    if ran is None:
         return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
+    out, got = ran
+    reason = check_contract(out, prepared.floor)
+    error, reason = (float("inf"), reason) if reason else compare(out, prepared.ref, prepared.floor, tol,
+                                                                  prepared.perturbed)
+    if reason is not None:
+        return error, f"output with gradients on: {reason}"
     if held is None:  # the float64 and floor backwards, once per case: a tune checks many candidates on it
         x = prepared.x
-        held = (cotangent, grads(reference, problem.reference_model(prepared.model), x, torch.float64),
-                grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
-                grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed), torch.float64)
-                if variant.precision in PERTURBED_PRECISIONS else None)
+        ran = [grads(reference, problem.reference_model(prepared.model), x, torch.float64),
+               grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
+               grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed), torch.float64)
+               if variant.precision in PERTURBED_PRECISIONS else None]
+        held = (cotangent, *[r[1] if r is not None else None for r in ran])
         prepared.gradients[(variant.precision, mode)] = held
     _, want, floor, perturbed = held
     worst = 0.0

@@ -441,16 +441,21 @@ def runs_at(cls, params: Mapping, shape: Mapping[str, int], device_type: str) ->
     return params in cls.configs(shape, device_type)
 
 
+def _check_output(out, prepared: PreparedCase, tol) -> tuple[float, str | None]:
+    """The case's output check: the contract (``check_contract``), then the values (``compare``)."""
+    reason = check_contract(out, prepared.floor)
+    if reason is not None:
+        return float("inf"), reason
+    return compare(out, prepared.ref, prepared.floor, tol, prepared.perturbed)
+
+
 def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> tuple[float, str | None]:
     model, x = copy.deepcopy(prepared.model), prepared.x.clone()
     params_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     poison_allocator(x.device, prepared.ref.numel() * 4 * 2)
     with torch.no_grad():
         out = variant(model, x)
-    reason = check_contract(out, prepared.floor)
-    if reason is not None:
-        return float("inf"), reason
-    error, reason = compare(out, prepared.ref, prepared.floor, tol, prepared.perturbed)
+    error, reason = _check_output(out, prepared, tol)
     if reason is None:
         reason = _check_side_effects(problem, model, prepared, x, params_before, tol)
     if reason is None and check_update:
@@ -546,18 +551,16 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     if ran is None:
         return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
     out, got = ran
-    reason = check_contract(out, prepared.floor)
-    error, reason = (float("inf"), reason) if reason else compare(out, prepared.ref, prepared.floor, tol,
-                                                                  prepared.perturbed)
+    error, reason = _check_output(out, prepared, tol)
     if reason is not None:
         return error, f"output with gradients on: {reason}"
     if held is None:  # the float64 and floor backwards, once per case: a tune checks many candidates on it
         x = prepared.x
-        ran = [grads(reference, problem.reference_model(prepared.model), x, torch.float64),
-               grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
-               grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed), torch.float64)
-               if variant.precision in PERTURBED_PRECISIONS else None]
-        held = (cotangent, *[r[1] if r is not None else None for r in ran])
+        references = (grads(reference, problem.reference_model(prepared.model), x, torch.float64),
+                      grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
+                      grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed),
+                            torch.float64) if variant.precision in PERTURBED_PRECISIONS else None)
+        held = (cotangent, *(r[1] if r is not None else None for r in references))  # their gradients alone
         prepared.gradients[(variant.precision, mode)] = held
     _, want, floor, perturbed = held
     worst = 0.0

@@ -184,6 +184,48 @@ def test_a_worker_spawned_early_and_never_used_is_killed_at_once_and_a_used_one_
         assert worker._ready
 
 
+class _Pipe:
+    """The worker's end of its connection, fed ``ops``; what it sends is kept."""
+
+    def __init__(self, ops):
+        self.ops, self.sent = list(ops), []
+
+    def recv(self):
+        if not self.ops:
+            raise EOFError
+        return self.ops.pop(0)
+
+    def send(self, message):
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+def test_the_worker_imports_torch_compile_after_its_first_cuda_result_and_its_next_op_waits(monkeypatch, device):
+    """On CUDA the worker imports torch.compile's stack on a thread once it has sent its first
+    result (the tuner then asks trials, the pool compiles), and the next op starts only after it:
+    no candidate races those imports, no timing shares the interpreter with them."""
+    import threading
+    import time
+    import types
+
+    from autofuse.tuning import evaluate, worker
+
+    events = []
+
+    def imports():
+        assert threading.current_thread() is not threading.main_thread()
+        time.sleep(0.3)
+        events.append("imported")
+
+    monkeypatch.setattr(worker, "_import_compile_stack", imports)
+    monkeypatch.setattr(evaluate, "evaluate", lambda state, job, *rest: events.append("evaluate") or "result")
+    job = types.SimpleNamespace(device=device, log=None)
+    pipe = _Pipe([("evaluate", (job,)), ("evaluate", (job,))])
+    worker._serve(pipe)
+    assert pipe.sent == ["ready", "result", "result"]
+    assert events == (["evaluate", "imported", "evaluate"] if device.startswith("cuda") else ["evaluate"] * 2)
+
+
 def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_path):
     kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=2, progress=False, autograd_entry=False)
     [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["simplified"], **kwargs)

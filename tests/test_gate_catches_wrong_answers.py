@@ -348,3 +348,41 @@ def test_gate_checks_the_output_an_autograd_entry_serves_not_only_its_gradients(
     assert check_variant(OffOnlyWithGradients("fp32"), prob, cases, "cpu").ok  # the no-grad path is right
     result = check_variant(OffOnlyWithGradients("fp32"), prob, cases, "cpu", autograd=True)
     assert not result.ok and result.reason.startswith("output with gradients on:"), result.reason
+
+
+class GradModeSpy(Wrong):
+    """Eager, noting whether each call ran with gradients on."""
+
+    modes: list = []
+
+    def forward(self, model, x):
+        GradModeSpy.modes.append(torch.is_grad_enabled())
+        return registry.get_variant(self.problem, "eager")()(model, x)
+
+
+class ScalesItsWeightWithGradients(Wrong):
+    """Right, but with gradients on it scales the GEMM's weight in place after its call: a side
+    effect its no-grad path has not."""
+
+    def forward(self, model, x):
+        out = registry.get_variant(self.problem, "eager")()(model, x)
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                model.linear.weight.mul_(1.5)
+        return out
+
+
+def test_the_autograd_gate_runs_every_call_with_gradients_and_checks_there_what_the_no_grad_gate_does():
+    """An autograd entry serves grad-mode calls alone (those no backward follows switch to the
+    inference entry), so its gate runs every call with gradients on and holds it to what the
+    no-grad gate checks: the output, what a call must leave alone, a second call, one after an
+    update."""
+    prob = registry.get_problem("matmul_gelu_softmax")
+    cases = check_cases(prob, _shape("matmul_gelu_softmax"), seed=321)
+    GradModeSpy.problem = ScalesItsWeightWithGradients.problem = prob.name
+    GradModeSpy.modes = []
+    assert check_variant(GradModeSpy("fp32"), prob, cases, "cpu", autograd=True).ok
+    assert len(GradModeSpy.modes) > len(cases) and all(GradModeSpy.modes), GradModeSpy.modes
+    assert check_variant(ScalesItsWeightWithGradients("fp32"), prob, cases, "cpu").ok
+    result = check_variant(ScalesItsWeightWithGradients("fp32"), prob, cases, "cpu", autograd=True)
+    assert not result.ok and result.reason.startswith("with gradients on: parameter linear.weight was modified"), result.reason

@@ -400,7 +400,15 @@ def perturbed_reference(problem: Problem, model: nn.Module, x: torch.Tensor, see
 def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], device, *,
                   dtype=torch.float32, mode: str = "train", autograd: bool = False,
                   cache: dict | None = None) -> CheckResult:
-    """Run ``variant`` on every case (and check its gradients if ``autograd``); the first failure ends the check."""
+    """Run ``variant`` on every case; the first failure ends the check.
+
+    With ``autograd`` (a candidate for an autograd entry) every call runs with gradients on, the
+    input requiring grad, and the gradients are checked too: that entry serves grad-mode calls
+    alone (a key's grad-mode calls that no backward follows switch to the inference entry, run
+    under no_grad: ``autofuse.serve.grad_mode``), and its no-grad path is gated where it serves,
+    in the inference entry's race. Checked without gradients as well, it compiled that path again
+    for nothing where a variant compiles per graph (``compiled``: on an H100, 4-10 s of kb2-22's
+    bfloat16-model batch classes)."""
     device = torch.device(device)
     tol = problem.tolerance(variant.precision)
     cache = {} if cache is None else cache
@@ -418,7 +426,7 @@ def check_variant(variant: Variant, problem: Problem, cases: list[CheckCase], de
         if autograd and i == 0:
             _cotangents_ahead(problem, cases, cache[key].ref.shape, device, dtype, mode, variant.precision, cache)
         with timeline.span(lambda: f"  gate: check {variant.name} on {case.describe()}"):
-            error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0))
+            error, reason = _check_case(variant, problem, cache[key], tol, check_update=(i == 0), grad=autograd)
         if reason is None and autograd and problem.gradient_check_applies(case, mode, variant.precision):
             # Gradient errors are not folded into the reported error: some reference gradients
             # are exactly zero (the bias under training-mode BN), where a ratio means nothing.
@@ -441,26 +449,25 @@ def runs_at(cls, params: Mapping, shape: Mapping[str, int], device_type: str) ->
     return params in cls.configs(shape, device_type)
 
 
-def _check_output(out, prepared: PreparedCase, tol) -> tuple[float, str | None]:
-    """The case's output check: the contract (``check_contract``), then the values (``compare``)."""
-    reason = check_contract(out, prepared.floor)
-    if reason is not None:
-        return float("inf"), reason
-    return compare(out, prepared.ref, prepared.floor, tol, prepared.perturbed)
-
-
-def _check_case(variant, problem, prepared: PreparedCase, tol, check_update) -> tuple[float, str | None]:
-    model, x = copy.deepcopy(prepared.model), prepared.x.clone()
+def _check_case(variant, problem, prepared: PreparedCase, tol, check_update, grad: bool = False) -> tuple[float, str | None]:
+    """The case's call (with gradients on and the input requiring grad where ``grad``): its output,
+    what it must leave untouched and, with ``check_update``, a second call and one after an update."""
+    model, x = copy.deepcopy(prepared.model), prepared.x.clone().requires_grad_(grad)  # a clone: a leaf
     params_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     poison_allocator(x.device, prepared.ref.numel() * 4 * 2)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = variant(model, x)
-    error, reason = _check_output(out, prepared, tol)
-    if reason is None:
-        reason = _check_side_effects(problem, model, prepared, x, params_before, tol)
+    if grad and not (isinstance(out, torch.Tensor) and out.requires_grad):
+        return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
+    out = out.detach() if isinstance(out, torch.Tensor) else out
+    reason = check_contract(out, prepared.floor)
+    error, reason = (float("inf"), reason) if reason else compare(out, prepared.ref, prepared.floor, tol, prepared.perturbed)
+    if reason is not None:
+        return error, f"output with gradients on: {reason}" if grad else reason
+    reason = _check_side_effects(problem, model, prepared, x.detach(), params_before, tol)
     if reason is None and check_update:
-        reason = _check_no_alias(variant, model, x, out) or _check_after_update(variant, problem, model, x, tol)
-    return error, reason
+        reason = _check_no_alias(variant, model, x, out, grad) or _check_after_update(variant, problem, model, x, tol, grad)
+    return error, reason if reason is None or not grad else f"with gradients on: {reason}"
 
 
 def _check_side_effects(problem, model, prepared: PreparedCase, x, params_before, tol) -> str | None:
@@ -489,7 +496,7 @@ def _check_side_effects(problem, model, prepared: PreparedCase, x, params_before
     return None
 
 
-def _check_after_update(variant, problem, model, x, tol) -> str | None:
+def _check_after_update(variant, problem, model, x, tol, grad: bool = False) -> str | None:
     """After an in-place parameter update (an optimizer step), the output must follow it:
     weights a variant folded and cached must be recomputed."""
     generators = {}  # drawn where the parameter lives: an 8192² draw took 0.3 s on an H100 host's CPU
@@ -500,18 +507,19 @@ def _check_after_update(variant, problem, model, x, tol) -> str | None:
             noise = torch.randn(param.shape, generator=generator, device=param.device).to(param.dtype)
             spread = param.detach().float().std() if param.numel() > 1 else torch.ones(())
             param.add_(noise * (spread.nan_to_num(1.0) + 0.1).to(param.device, param.dtype))
-    ref, _ = problem.reference(model, x)
-    floor = floor_output(model, x, variant.precision)
-    with torch.no_grad():
+    ref, _ = problem.reference(model, x.detach())
+    floor = floor_output(model, x.detach(), variant.precision)
+    with torch.set_grad_enabled(grad):
         out = variant(model, x)
+    out = out.detach() if isinstance(out, torch.Tensor) else out
     reason = check_contract(out, floor) or compare(out, ref, floor, tol)[1]
     return None if reason is None else f"after an in-place parameter update: {reason}"
 
 
-def _check_no_alias(variant, model, x, out) -> str | None:
+def _check_no_alias(variant, model, x, out, grad: bool = False) -> str | None:
     """A second call must not write into, or return, the first call's output."""
     first = out.detach().clone()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         again = variant(copy.deepcopy(model), x)
     if isinstance(again, torch.Tensor) and again.data_ptr() == out.data_ptr():
         return "a second call returned the same storage as the first (outputs alias)"
@@ -523,10 +531,10 @@ def _check_no_alias(variant, model, x, out) -> str | None:
 def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, mode: str) -> tuple[float, str | None]:
     """Gradients of a random cotangent w.r.t. the input and every parameter, against float64,
     with the floors of the outputs' check (``compare``): plain PyTorch's gradients at the
-    precision and the float64 ones at perturbed inputs. The output of that call, with gradients
-    on, is checked as the no-grad one is: an autograd entry serves exactly such calls, and a
-    variant's path with gradients (saving what its backward needs) is other code than its
-    no-grad one, whose output the gradients need not reveal."""
+    precision and the float64 ones at perturbed inputs. The output of a call with gradients on
+    is checked before (``_check_case`` under ``check_variant(autograd=True)``): a variant's path
+    with gradients (saving what its backward needs) is other code than its no-grad one, and the
+    gradients need not reveal a wrong output."""
     tol = problem.tolerance(variant.precision)
     held = prepared.gradients.get((variant.precision, mode))
     cotangent = held[0] if held is not None else _cotangent(problem, prepared, variant.precision)
@@ -550,10 +558,7 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
     ran = grads(variant, copy.deepcopy(prepared.model), prepared.x, prepared.x.dtype)
     if ran is None:
         return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
-    out, got = ran
-    error, reason = _check_output(out, prepared, tol)
-    if reason is not None:
-        return error, f"output with gradients on: {reason}"
+    _, got = ran
     if held is None:  # the float64 and floor backwards, once per case: a tune checks many candidates on it
         x = prepared.x
         references = (grads(reference, problem.reference_model(prepared.model), x, torch.float64),

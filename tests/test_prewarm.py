@@ -409,3 +409,34 @@ def test_a_batchs_nvcc_builds_run_while_the_pool_compiles_its_triton_kernels(mon
     job = Job("matmul_gelu_softmax", SHAPE, "cuda", "float32", "fp32", "any", 2)
     search._prebuild([("triton", {"a": 1}), ("cublas_epilogue", {"b": 2})], job)
     assert events == ["pool started 2", "nvcc 2", "pool waited for"]
+
+
+def test_the_search_builds_its_whole_spaces_extensions_ahead_on_a_thread_and_waits_for_them(monkeypatch):
+    """Every configuration's nvcc builds start on a thread as the search starts (the first
+    candidate is measured alone meanwhile), and the search returns only once they are done."""
+    import threading
+    import time
+
+    built, done = [], threading.Event()
+
+    class Built:
+        def __init__(self, precision, **config):
+            self.config = config
+
+        def kernel_builds(self, device):
+            return [f"extension {self.config['n']}"]
+
+    def slow_build_many(builds, jobs=None):
+        assert threading.current_thread() is not threading.main_thread()
+        built.extend(builds)
+        done.wait(5)
+        time.sleep(0.2)  # still building when the search's loop is done
+
+    monkeypatch.setattr(search.registry, "variants", lambda problem: {"cublas_epilogue": Built})
+    monkeypatch.setattr(search, "build_many", slow_build_many)
+    monkeypatch.setattr(search, "_search_loop", lambda *args: done.set() or {"measured": True})
+    job = Job("matmul_gelu_softmax", SHAPE, "cuda", "float32", "fp32", "any", 2)
+    spaces = {"cublas_epilogue": [{"n": 1}, {"n": 2}, {"n": 3}]}
+    assert search.search(None, spaces, job, None, 3, None, 60, False, "x") == {"measured": True}
+    assert built == ["extension 1", "extension 2", "extension 3"]
+    assert not [t for t in threading.enumerate() if t.name == "autofuse-builds"]

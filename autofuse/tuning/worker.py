@@ -188,10 +188,10 @@ def _serve(conn) -> None:
 def _import_compile_stack() -> None:
     """Import what ``torch.compile`` imports (dynamo, inductor), on a thread started after this
     worker's first result, while the tuner asks its next trials and the pool compiles them. Done
-    on the ``compiled`` variant's build, it took 7.2-10 s of the worker's time in each H100
-    bfloat16-model tune of session 34's (imports: 2.1 s on a workstation's CPU), with the tuner
-    waiting. The next op waits for it to finish (``_serve``): a candidate's imports never race
-    it, and no timing shares the interpreter with it."""
+    in the ``compiled`` variant's first build, they took 7.2-10 s of the worker's time in each cold
+    bfloat16-model tune on an H100 host (kb2-22, kb2-99, gemm_bn; 10.9 s alone there, 2.1 s on a
+    workstation's CPU), with the tuner waiting. The next op waits for it to finish (``_serve``):
+    a candidate's imports never race it, and no timing shares the interpreter with it."""
     try:
         with timeline.span("  torch.compile's imports, while the worker waits"):
             import torch._dynamo  # noqa: F401

@@ -151,11 +151,16 @@ def test_compile_seconds_are_an_optional_field_of_a_trial():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"])
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "reduce-overhead"])
 def test_it_conforms_on_gpu_at_every_precision_tf32_first(mode):
     """On CUDA, compiled at tf32 first and then, in the same process, at the stricter precisions:
     at K=1000 plain TF32 misses fp32's tolerance, so this fails if a TF32 kernel inductor chose
     (max-autotune bakes the flag into its GEMM templates) served an fp32 or ieee call.
+
+    ``max-autotune`` is max-autotune-no-cudagraphs' kernels replayed as CUDA graphs: its flags are
+    checked there, its copied-out outputs under reduce-overhead. With it, the four modes did not
+    finish in 200-250 s on an H100 host (every randomized case compiles again: dynamo specialises
+    on the model's float attributes), so the test had not run to its end.
 
     At tf32 itself a compile may miss the gate: on an H100, max-autotune's Triton GEMM templates
     put 2 of 777000 elements of gemm_bn's eval weight gradient past atol + rtol·|ref|, and in a

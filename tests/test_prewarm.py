@@ -412,8 +412,9 @@ def test_a_batchs_nvcc_builds_run_while_the_pool_compiles_its_triton_kernels(mon
 
 
 def test_the_search_builds_its_whole_spaces_extensions_ahead_on_a_thread_and_waits_for_them(monkeypatch):
-    """Every configuration's nvcc builds start on a thread as the search starts (the first
-    candidate is measured alone meanwhile), and the search returns only once they are done."""
+    """The nvcc builds of every configuration of a variant with a small space start on a thread as
+    the search starts (the first candidate is measured alone meanwhile), and the search returns
+    only once they are done; a large space (cuda_templated's 430) is built as it is asked."""
     import threading
     import time
 
@@ -432,11 +433,12 @@ def test_the_search_builds_its_whole_spaces_extensions_ahead_on_a_thread_and_wai
         done.wait(5)
         time.sleep(0.2)  # still building when the search's loop is done
 
-    monkeypatch.setattr(search.registry, "variants", lambda problem: {"cublas_epilogue": Built})
     monkeypatch.setattr(search, "build_many", slow_build_many)
     monkeypatch.setattr(search, "_search_loop", lambda *args: done.set() or {"measured": True})
     job = Job("matmul_gelu_softmax", SHAPE, "cuda", "float32", "fp32", "any", 2)
-    spaces = {"cublas_epilogue": [{"n": 1}, {"n": 2}, {"n": 3}]}
+    large = [{"n": 100 + i} for i in range(search.AHEAD_MAX_CONFIGS + 1)]  # built as its trials are asked
+    spaces = {"cublas_epilogue": [{"n": 1}, {"n": 2}, {"n": 3}], "cuda_templated": large}
+    monkeypatch.setattr(search.registry, "variants", lambda problem: {"cublas_epilogue": Built, "cuda_templated": Built})
     assert search.search(None, spaces, job, None, 3, None, 60, False, "x") == {"measured": True}
     assert built == ["extension 1", "extension 2", "extension 3"]
     assert not [t for t in threading.enumerate() if t.name == "autofuse-builds"]

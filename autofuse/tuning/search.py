@@ -33,6 +33,9 @@ from autofuse.tuning.timing import Timing
 MAX_ASKS_PER_TRIAL = 5
 # Trials asked at once: their kernels compile in parallel (one nvcc per core, at most 8).
 ASK_BATCH = max(1, min(8, os.cpu_count() or 1))
+# Variants with at most this many configurations in a search's space have them all built as the
+# search starts (``_build_ahead``): cublas_epilogue's 4-9, the CUDA kinds' one or two.
+AHEAD_MAX_CONFIGS = 16
 
 
 def search(study, spaces, job, worker, total, timeout, trial_timeout, progress, label,
@@ -238,15 +241,17 @@ def _beyond_the_gemm(progress, job, worker, name, config, trial_timeout) -> Tria
 
 
 def _build_ahead(spaces: dict[str, list[dict]], job: Job) -> threading.Thread | None:
-    """Start building, on a thread, every kernel extension (nvcc) the space's configurations
-    need, with half the host's build jobs: built while the first candidate is measured alone, the
-    batches find them built. Each batch built its own before (cold: 3.3-7.1 s each, two or three
-    a search, on the critical path of an H100 host's bfloat16-model tunes). None where nothing
-    needs nvcc (a Triton-only space, the CPU)."""
+    """Start building, on a thread, the kernel extensions (nvcc) of every configuration of each
+    variant with at most ``AHEAD_MAX_CONFIGS`` in the space, with half the host's build jobs:
+    built while the first candidate is measured alone, the batches find them built. Each batch
+    built its own before (cold: 3.3-7.1 s each, two or three a search, on the critical path of
+    an H100 host's bfloat16-model tunes). A larger space (cuda_templated's 430) is built as its
+    trials are asked: a search measures a few dozen. None where nothing needs nvcc (a
+    Triton-only space, the CPU)."""
     builds = []
     for name, configs in spaces.items():
         cls = registry.variants(job.problem).get(name)
-        for config in configs if cls is not None else ():
+        for config in configs if cls is not None and len(configs) <= AHEAD_MAX_CONFIGS else ():
             try:
                 builds.extend(cls(job.precision, **config).kernel_builds(job.device))
             except Exception:  # noqa: BLE001 - e.g. no nvcc: the worker records why

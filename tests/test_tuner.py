@@ -199,11 +199,10 @@ class _Pipe:
         self.sent.append(message)
 
 
-@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
-def test_the_worker_imports_torch_compile_after_its_first_cuda_result_and_its_next_op_waits(monkeypatch, device):
-    """On CUDA the worker imports torch.compile's stack on a thread once it has sent its first
-    result (the tuner then asks trials, the pool compiles), and the next op starts only after it:
-    no candidate races those imports, no timing shares the interpreter with them."""
+def test_the_worker_imports_torch_compile_on_a_thread_when_asked_and_its_next_op_waits(monkeypatch):
+    """Asked (op ``IMPORT_COMPILE_STACK``), the worker answers at once and imports torch.compile's
+    stack on a thread while the tuner asks and builds; its next op starts only after them: no
+    candidate races those imports, no timing shares the interpreter with them. Unasked, nothing."""
     import threading
     import time
     import types
@@ -219,11 +218,39 @@ def test_the_worker_imports_torch_compile_after_its_first_cuda_result_and_its_ne
 
     monkeypatch.setattr(worker, "_import_compile_stack", imports)
     monkeypatch.setattr(evaluate, "evaluate", lambda state, job, *rest: events.append("evaluate") or "result")
-    job = types.SimpleNamespace(device=device, log=None)
-    pipe = _Pipe([("evaluate", (job,)), ("evaluate", (job,))])
+    job = types.SimpleNamespace(device="cuda", log=None)
+    pipe = _Pipe([("evaluate", (job,)), (worker.IMPORT_COMPILE_STACK, (job,)), ("evaluate", (job,))])
     worker._serve(pipe)
-    assert pipe.sent == ["ready", "result", "result"]
-    assert events == (["evaluate", "imported", "evaluate"] if device.startswith("cuda") else ["evaluate"] * 2)
+    assert pipe.sent == ["ready", "result", None, "result"]
+    assert events == ["evaluate", "imported", "evaluate"]
+    events.clear()
+    worker._serve(_Pipe([("evaluate", (job,)), ("evaluate", (job,))]))
+    assert events == ["evaluate", "evaluate"]
+
+
+def test_the_search_asks_for_those_imports_after_its_first_candidate_where_compiled_is_in_the_space(monkeypatch, with_compiled):
+    import optuna
+
+    from autofuse.tuning import search
+    from autofuse.tuning import study as studies
+    from autofuse.tuning.outcome import Job
+    from autofuse.tuning.worker import IMPORT_COMPILE_STACK
+
+    monkeypatch.setattr(search, "_measure_batch", lambda *args: calls.append("batch") or 1)
+    for device, variants, want in (("cuda", ["triton", "compiled"], True), ("cuda", ["triton"], False),
+                                   ("cpu", ["eager", "compiled"], False)):
+        calls = []
+
+        class Worker:
+            def call(self, op, payload, timeout):
+                calls.append(op)
+
+        job = Job("matmul_gelu_softmax", SMALL, device, "float32", "fp32", "any", 0)
+        spaces = {name: [{}] for name in variants}
+        study = studies.open_study("imports", 0, optuna.storages.InMemoryStorage())
+        search._search_loop(study, spaces, job, Worker(), 2, None, 60, False, "x", search._Progress(search.BUDGETS["quick"], None))
+        assert calls[:2] == (["batch", IMPORT_COMPILE_STACK] if want else ["batch", "batch"]), (device, variants, calls)
+        assert calls.count(IMPORT_COMPILE_STACK) == want
 
 
 def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_path):

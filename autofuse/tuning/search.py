@@ -28,6 +28,7 @@ from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult
 from autofuse.tuning.progress import TrialProgress
 from autofuse.tuning.shared_study import SharedStudy
 from autofuse.tuning.timing import Timing
+from autofuse.tuning.worker import IMPORT_COMPILE_STACK
 
 # Suggestions asked per distinct candidate before the search stops looking for new ones.
 MAX_ASKS_PER_TRIAL = 5
@@ -67,6 +68,7 @@ def _search_loop(study, spaces, job, worker, total, timeout, trial_timeout, prog
     asks_left = MAX_ASKS_PER_TRIAL * total
     deadline = None if timeout is None else time.monotonic() + timeout
     swept_at = -1  # results when the asks last ran out: sweep again only after progress
+    imports_wanted = _compiled_in(spaces, job)
     with SharedStudy(study) as shared, TrialProgress(total, 0, label, enabled=progress) as bar:
         view = shared.view()
         while True:
@@ -85,6 +87,9 @@ def _search_loop(study, spaces, job, worker, total, timeout, trial_timeout, prog
                 size = min(ASK_BATCH, room) if view.results else 1
                 asks_left -= _measure_batch(shared, spaces, job, worker, total, size, min(asks_left, MAX_ASKS_PER_TRIAL * size),
                                             trial_timeout, bar, progress_of)
+                if imports_wanted:  # after the first candidate, whose compile they would have slowed
+                    worker.call(IMPORT_COMPILE_STACK, (job,), trial_timeout)
+                    imports_wanted = False
             elif view.claims and len(view.results) < total and not expired:
                 shared.wait()  # their results may end the search, or their failure free room
             else:
@@ -265,6 +270,14 @@ def _build_ahead(spaces: dict[str, list[dict]], job: Job) -> threading.Thread | 
     thread = threading.Thread(target=build_them, name="autofuse-builds", daemon=True)
     thread.start()
     return thread
+
+
+def _compiled_in(spaces: dict, job: Job) -> bool:
+    """Whether a ``compiled`` kind is in the space of a CUDA job: its worker then imports
+    torch.compile's stack while the tuner asks and builds (``worker._import_compile_stack``)."""
+    variants = registry.variants(job.problem)
+    return str(job.device).startswith("cuda") and any(
+        getattr(variants.get(name), "kind", None) == "compiled" for name in spaces)
 
 
 def _is_triton(job: Job, name: str) -> bool:

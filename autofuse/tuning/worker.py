@@ -36,6 +36,8 @@ from autofuse.tuning import timeline  # noqa: E402
 from autofuse.tuning.outcome import Candidate, Job, Outcome, TrialResult  # noqa: E402, F401
 
 STARTUP_TIMEOUT_S = 300.0
+# The op that starts the imports of torch.compile's stack on a thread of the worker (``_serve``).
+IMPORT_COMPILE_STACK = "import_compile_stack"
 
 
 def share_tritons_cache() -> None:
@@ -168,8 +170,14 @@ def _serve(conn) -> None:
             op, payload = conn.recv()
         except EOFError:
             return
+        if op == IMPORT_COMPILE_STACK:  # answered at once; the imports run while the tuner waits elsewhere
+            if warming is None:
+                warming = threading.Thread(target=_import_compile_stack, name="autofuse-imports", daemon=True)
+                warming.start()
+            conn.send(None)
+            continue
         if warming is not None and warming.is_alive():
-            with timeline.span("  wait for torch.compile's imports (started after the first result)"):
+            with timeline.span("  wait for torch.compile's imports (asked for after the first result)"):
                 warming.join()  # every op runs alone: no import races it, no measurement shares the GIL with it
         wanted = getattr(payload[0], "log", None) if payload else None
         if wanted is not None and wanted != log:
@@ -180,14 +188,12 @@ def _serve(conn) -> None:
         except BaseException as exc:  # noqa: BLE001 - any failure is the candidate's outcome
             result = TrialResult(Outcome.RUNTIME_FAILED, _describe(exc), poisoned=_is_cuda_error(exc))
         conn.send(result)
-        if warming is None and op == "evaluate" and str(getattr(payload[0], "device", "")).startswith("cuda"):
-            warming = threading.Thread(target=_import_compile_stack, name="autofuse-imports", daemon=True)
-            warming.start()
 
 
 def _import_compile_stack() -> None:
-    """Import what ``torch.compile`` imports (dynamo, inductor), on a thread started after this
-    worker's first result, while the tuner asks its next trials and the pool compiles them. Done
+    """Import what ``torch.compile`` imports (dynamo, inductor), on a thread the tuner starts
+    (op ``IMPORT_COMPILE_STACK``) once the search's first candidate is measured, where ``compiled``
+    is in the space, while it asks its next trials and the pool compiles them. Done
     in the ``compiled`` variant's first build, they took 7.2-10 s of the worker's time in each cold
     bfloat16-model tune on an H100 host (kb2-22, kb2-99, gemm_bn; 10.9 s alone there, 2.1 s on a
     workstation's CPU), with the tuner waiting. The next op waits for it to finish (``_serve``):

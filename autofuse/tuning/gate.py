@@ -548,24 +548,22 @@ def check_gradients(variant: Variant, problem: Problem, prepared: PreparedCase, 
             if not isinstance(out, torch.Tensor) or not out.requires_grad:
                 return None
             out.backward(cotangent.to(out.dtype))
-        return out.detach(), {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
+        return {"input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
 
     from autofuse.core.variant import EagerVariant
 
     def reference(m, x):
         return m(x)
 
-    ran = grads(variant, copy.deepcopy(prepared.model), prepared.x, prepared.x.dtype)
-    if ran is None:
+    got = grads(variant, copy.deepcopy(prepared.model), prepared.x, prepared.x.dtype)
+    if got is None:
         return float("inf"), "the output does not require grad: autograd cannot reach the inputs"
-    _, got = ran
     if held is None:  # the float64 and floor backwards, once per case: a tune checks many candidates on it
         x = prepared.x
-        references = (grads(reference, problem.reference_model(prepared.model), x, torch.float64),
-                      grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
-                      grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed),
-                            torch.float64) if variant.precision in PERTURBED_PRECISIONS else None)
-        held = (cotangent, *(r[1] if r is not None else None for r in references))  # their gradients alone
+        held = (cotangent, grads(reference, problem.reference_model(prepared.model), x, torch.float64),
+                grads(EagerVariant(variant.precision), copy.deepcopy(prepared.model), x, x.dtype),
+                grads(reference, *perturbed_reference(problem, prepared.model, x, prepared.case.seed), torch.float64)
+                if variant.precision in PERTURBED_PRECISIONS else None)
         prepared.gradients[(variant.precision, mode)] = held
     _, want, floor, perturbed = held
     worst = 0.0

@@ -22,7 +22,7 @@ def test_on_the_cpu_nothing_is_compiled_ahead():
     prewarm._shutdown()
     configs = triton_variant.gemm_configs(48, "cpu")[:2]
     prewarm.start("cpu")
-    prewarm.warm("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", [("triton", c, SHAPE) for c in configs])
+    prewarm.begin("matmul_gelu_softmax", "cpu", "float32", "any", "fp32", [("triton", c, SHAPE) for c in configs]).wait()
     assert prewarm._pool is None and not prewarm.enabled("cpu")
 
 
@@ -203,7 +203,8 @@ def test_on_the_gpu_the_pool_fills_tritons_cache_and_compiling_only_runs_no_kern
     shape = {"batch_size": 37, "in_features": 264, "out_features": 200}
     config, other = registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
     try:  # two: one alone is left to the worker
-        prewarm.warm(problem.name, "cuda", "float32", "any", "fp32", [("triton", config, shape), ("triton", other, shape)])
+        prewarm.begin(problem.name, "cuda", "float32", "any", "fp32",
+                      [("triton", config, shape), ("triton", other, shape)]).wait()
     finally:
         prewarm._shutdown()
     assert list((tmp_path / "triton").rglob("*.cubin")), "the pool compiled nothing into Triton's cache"
@@ -301,7 +302,7 @@ share_tritons_cache()
 problem = registry.get_problem("matmul_gelu_softmax")
 configs = configs or registry.get_variant(problem.name, "triton").configs(shape, "cuda")[:2]
 try:
-    prewarm.warm(problem.name, "cuda", dtype, "any", precision, [("triton", c, shape) for c in configs])
+    prewarm.begin(problem.name, "cuda", dtype, "any", precision, [("triton", c, shape) for c in configs]).wait()
 finally:
     prewarm._shutdown()
 pooled = sorted(map(str, root.rglob("*.cubin")))
@@ -438,7 +439,7 @@ def test_the_search_builds_its_whole_spaces_extensions_ahead_on_a_thread_and_wai
     job = Job("matmul_gelu_softmax", SHAPE, "cuda", "float32", "fp32", "any", 2)
     large = [{"n": 100 + i} for i in range(search.AHEAD_MAX_CONFIGS + 1)]  # built as its trials are asked
     spaces = {"cublas_epilogue": [{"n": 1}, {"n": 2}, {"n": 3}], "cuda_templated": large}
-    monkeypatch.setattr(search.registry, "variants", lambda problem: {"cublas_epilogue": Built, "cuda_templated": Built})
+    monkeypatch.setattr(search.registry, "get_variant", lambda problem, name: Built)
     assert search.search(None, spaces, job, None, 3, None, 60, False, "x") == {"measured": True}
     assert built == ["extension 1", "extension 2", "extension 3"]
     assert not [t for t in threading.enumerate() if t.name == "autofuse-builds"]

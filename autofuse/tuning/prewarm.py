@@ -80,18 +80,12 @@ class Compile(NamedTuple):
     autograd: bool = False
 
 
-def warm(problem: str, device: str, dtype: str, mode: str, precision: str,
-         candidates: list[Compile | tuple[str, dict, dict]], log: str | None = None) -> None:
-    """Compile the Triton kernels of ``candidates`` (``Compile``s, or (variant, configuration,
-    shape) for a forward without gradients; one process per candidate) and return when all are
-    done, or after ``WAIT_S`` (``begin``, then its ``wait``)."""
-    begin(problem, device, dtype, mode, precision, candidates, log).wait()
-
-
 def begin(problem: str, device: str, dtype: str, mode: str, precision: str,
           candidates: list[Compile | tuple[str, dict, dict]], log: str | None = None) -> Pending:
-    """``submit`` where two or more are Triton's: one alone is left to the worker, since compiling
-    it here first would gain nothing (nothing else is measured meanwhile)."""
+    """Start compiling the Triton kernels of ``candidates`` (``Compile``s, or (variant,
+    configuration, shape) for a forward without gradients; one process per candidate) where two or
+    more are Triton's (``submit``): one alone is left to the worker, since compiling it here first
+    would gain nothing. ``Pending.wait`` returns when all are done, or after ``WAIT_S``."""
     if sum(is_triton(registry.variants(problem).get(c[0])) for c in candidates) < 2:
         return Pending([])
     return submit(problem, device, dtype, mode, precision, candidates, log)

@@ -183,7 +183,7 @@ def _measure_batch(shared, spaces, job, worker, total, size, asks, trial_timeout
 
     Asked ``size`` alone, a batch held as few new candidates as its repeats and pruned variants
     left (TPE as tuned on kb2-99's space with a stand-in worker, four seeds: 0-7 in a batch of 8
-    after the first), and a lone new Triton candidate compiles in the worker (``prewarm.warm``):
+    after the first), and a lone new Triton candidate compiles in the worker (``prewarm.begin``):
     the last four trials of kb2-99's search compiled one after another, 14 s of its 69 (H200).
     The asks not yet told wait as running trials, which TPE's constant liar steers away from."""
     batch, new = [], {}
@@ -253,14 +253,8 @@ def _build_ahead(spaces: dict[str, list[dict]], job: Job) -> threading.Thread | 
     an H100 host's bfloat16-model tunes). A larger space (cuda_templated's 430) is built as its
     trials are asked: a search measures a few dozen. None where nothing needs nvcc (a
     Triton-only space, the CPU)."""
-    builds = []
-    for name, configs in spaces.items():
-        cls = registry.variants(job.problem).get(name)
-        for config in configs if cls is not None and len(configs) <= AHEAD_MAX_CONFIGS else ():
-            try:
-                builds.extend(cls(job.precision, **config).kernel_builds(job.device))
-            except Exception:  # noqa: BLE001 - e.g. no nvcc: the worker records why
-                break
+    builds = [build for name, configs in spaces.items() if len(configs) <= AHEAD_MAX_CONFIGS
+              for config in configs for build in _kernel_builds(job, name, config)]
     if not builds:
         return None
 
@@ -299,17 +293,20 @@ def _prebuild(candidates: list[tuple[str, dict]], job: Job) -> None:
     pending = prewarm.begin(job.problem, job.device, job.dtype, job.mode, job.precision,
                             [(name, config, shape) for name, config in candidates
                              for shape in trial_shapes(job, name, config)], job.log)
-    builds = []
-    for name, config in candidates:
-        variant = registry.get_variant(job.problem, name)(job.precision, **config)
-        try:
-            builds.extend(variant.kernel_builds(job.device))
-        except Exception:  # noqa: BLE001 - e.g. no nvcc: the worker records why
-            continue
+    builds = [build for name, config in candidates for build in _kernel_builds(job, name, config)]
     if builds:
         with timeline.span(f"build {len(builds)} kernel extensions (nvcc, or loaded)"):
             build_many(builds)
     pending.wait()
+
+
+def _kernel_builds(job: Job, variant: str, config: dict) -> list:
+    """The nvcc builds configuration ``config`` of ``variant`` needs; none where they cannot be
+    named (e.g. no nvcc: the worker records why)."""
+    try:
+        return registry.get_variant(job.problem, variant)(job.precision, **config).kernel_builds(job.device)
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def trial_shapes(job: Job, variant: str, config: dict) -> list[dict]:

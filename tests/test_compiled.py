@@ -143,6 +143,30 @@ def test_the_tuners_gate_checks_a_compile_per_shape_at_the_tuned_shape_only(monk
         assert len(graphs) == 1, f"compiled {len(graphs)} graphs, the tuned shape's alone expected"
 
 
+def test_a_rungs_gate_and_retiming_run_the_instance_its_timing_compiled(monkeypatch):
+    """A rung times its candidates first, then gates and re-times some on that timing: on the
+    instance the timing compiled, not on a new one that compiles the tuned shape again (a training
+    step, seconds a rung on an H100 host). A gate on another worker's state still compiles it."""
+    graphs, real_compile = [], torch.compile
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend=recording_backend))
+    job, candidate, state = _job(), Candidate("compiled", DEFAULT), {}
+    timed = evaluate.evaluate(state, job, candidate, None, False)
+    assert timed.outcome is Outcome.OUT_OF_REACH and len(graphs) == 1, timed
+    before = len(graphs)
+    assert evaluate.evaluate(state, job, candidate, None, True, timed.timing).outcome is Outcome.OK
+    on_kept = len(graphs) - before
+    evaluate.retime(state, job, [candidate], rounds=1)
+    assert len(graphs) - before == on_kept, "the re-timing compiled the tuned shape again"
+    before = len(graphs)
+    assert evaluate.evaluate({}, job, candidate, None, True, timed.timing).outcome is Outcome.OK
+    assert len(graphs) - before == on_kept + 1, (on_kept, len(graphs) - before)
+
+
 def test_compile_seconds_are_an_optional_field_of_a_trial():
     result = TrialResult(Outcome.OK, compile_s=2.5)
     assert TrialResult.from_dict(result.to_dict()).compile_s == 2.5

@@ -72,19 +72,24 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
     may specialise it anew; none there for ``Variant.compiles_per_shape``) is most of a trial's
     time. ``gate=False`` stops after the timing (``out_of_reach``, "timed only"): a caller that
     races a few candidates times them all first, then gates some with that timing (``timed``:
-    not measured again).
+    not measured again), on the instance that was timed, while the job (the rung) stays the same.
     """
     state = _job_state(state, job)
     problem = registry.get_problem(job.problem)
     cls = registry.get_variant(job.problem, candidate.variant)
-    variant = cls(candidate.precision or job.precision, **candidate.params)
+    kept = state.setdefault("timed", {})
+    variant = kept.get(candidate.label()) if timed is not None else None
+    reused = variant is not None  # built again, ``compiled`` would wrap a new code object and compile anew
+    if not reused:
+        variant = cls(candidate.precision or job.precision, **candidate.params)
     if "drawing" not in state:  # the gate's cases drawn while the job's first candidates compile and are timed
         _timing_case(state, job)  # first: it draws from the global generator too
         draw_ahead(problem, check_cases(problem, job.shape, job.seed), job.device, parse_dtype(job.dtype), job.mode)
         state["drawing"] = True
     try:
-        with timeline.span(lambda: f"  build {candidate.label()}"):
-            variant.build(job.device)
+        if not reused:
+            with timeline.span(lambda: f"  build {candidate.label()}"):
+                variant.build(job.device)
         if timed is None:
             with timeline.span(lambda: f"  first calls (compiling) and timing {candidate.label()} {timeline.at(job.shape)}"):
                 timed = time_callable(_timed_call(state, job, variant, candidate.autograd), job.device,
@@ -95,6 +100,9 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
     # Read after the first calls (the timing's warm-up, at the timed shape): they are the ones that compiled.
     compile_s = getattr(variant, "compile_seconds", None)
     if not gate:
+        # Kept, while the job stays, for the gate and the re-timing that may follow: a new instance
+        # compiled again what the timing compiled (``compiled``'s training step, seconds a rung).
+        kept[candidate.label()] = variant
         return TrialResult(Outcome.OUT_OF_REACH, "timed only", timing=timing, compile_s=compile_s)
     if reach_ms is not None and timing.median_ms > reach_ms:
         return TrialResult(Outcome.OUT_OF_REACH, f"{timing.median_ms:.4g} ms, beyond the gated best's reach "
@@ -104,8 +112,10 @@ def _evaluate(state: dict, job: Job, candidate: Candidate, reach_ms: float | Non
         check = check_variant(variant, problem, cases, job.device, dtype=parse_dtype(job.dtype), mode=job.mode,
                               autograd=candidate.autograd, cache=state.setdefault("cases", {}))
     except BuildError as exc:  # another case's sizes compiled anew, and failed
+        kept.pop(candidate.label(), None)
         return TrialResult(Outcome.COMPILE_FAILED, str(exc), compile_s=compile_s)
     if not check.ok:
+        kept.pop(candidate.label(), None)
         return TrialResult(Outcome.INCORRECT, check.reason, check.error, compile_s=compile_s)
     return TrialResult(Outcome.OK, None, check.error, timing, compile_s=compile_s)
 
@@ -118,9 +128,11 @@ def retime(state: dict, job: Job, candidates: list[Candidate], rounds: int) -> d
     if not all(c.autograd for c in candidates):
         calls[BASELINE] = _timed_call(state, job, EagerVariant(job.precision), False)
     for candidate in candidates:
-        variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision,
-                                                                      **candidate.params)
-        variant.build(job.device)
+        variant = state.get("timed", {}).get(candidate.label())  # the instance timed and gated in this job, if kept
+        if variant is None:
+            variant = registry.get_variant(job.problem, candidate.variant)(candidate.precision or job.precision,
+                                                                          **candidate.params)
+            variant.build(job.device)
         calls[candidate.label()] = _timed_call(state, job, variant, candidate.autograd)
     if any(c.autograd for c in candidates):
         calls[BASELINE + " +grad"] = _timed_call(state, job, EagerVariant(job.precision), True)

@@ -253,6 +253,35 @@ def test_the_search_asks_for_those_imports_after_its_first_candidate_where_compi
         assert calls.count(IMPORT_COMPILE_STACK) == want
 
 
+def test_the_search_builds_small_spaces_extensions_ahead_on_a_thread_at_a_lower_priority(monkeypatch):
+    """Every configuration's nvcc builds of each variant with at most AHEAD_MAX_CONFIGS in the
+    space, on a thread whose nice value (inherited by nvcc) is raised; a larger space is built as
+    its trials are asked, and a space with nothing to build starts no thread."""
+    import os
+    import threading
+
+    from autofuse.tuning import search
+    from autofuse.tuning.outcome import Job
+
+    built = []
+
+    def build_many(builds, jobs):
+        me = threading.get_native_id()
+        built.append((sorted(builds), jobs, os.getpriority(os.PRIO_PROCESS, me), me))
+
+    monkeypatch.setattr(search, "build_many", build_many)
+    monkeypatch.setattr(search, "_kernel_builds", lambda job, name, config: [] if name == "eager" else [f"{name}{config['i']}"])
+    job = Job("matmul_gelu_softmax", SMALL, "cuda", "float32", "fp32", "any", 0)
+    small, large = [{"i": i} for i in range(3)], [{"i": i} for i in range(search.AHEAD_MAX_CONFIGS + 1)]
+    thread = search._build_ahead({"small": small, "large": large, "eager": [{}]}, job)
+    thread.join()
+    (builds, jobs, nice, tid), = built
+    assert builds == ["small0", "small1", "small2"] and jobs >= 1
+    assert tid != threading.get_native_id()
+    assert nice == min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10)
+    assert search._build_ahead({"large": large, "eager": [{}]}, job) is None
+
+
 def test_a_retune_with_other_variants_measures_the_recorded_winner_first(tmp_path):
     kwargs = dict(device="cpu", table=tmp_path / "t.json", seed=2, progress=False, autograd_entry=False)
     [first] = autofuse.tune("matmul_gelu_softmax", SMALL, variants=["simplified"], **kwargs)

@@ -431,17 +431,25 @@ def _captured(call, model, x, graph):
     ("thread_local"): another thread allocating meanwhile is not this capture's failure. A capture
     that CUDA invalidated (a synchronizing call) cannot end cleanly: an empty capture after it
     leaves the stream and the random-number generator usable (an H100 run of
-    tests/test_graphs_gpu.py checks both after each kind of failure)."""
+    tests/test_graphs_gpu.py checks both after each kind of failure).
+
+    Such a capture also leaves the caching allocator routing to its pool: torch's ``capture_end``
+    raises before it ends that, and the graph never releases a pool whose capture did not end. The
+    allocator then aborts the process at its next ``empty_cache`` (a caller's, or its own when an
+    allocation runs out of memory): "captures_underway.empty() INTERNAL ASSERT FAILED" (H100,
+    torch 2.11). So the pool is named here, and ended and released here where the capture fails."""
+    pool = torch.cuda.graph_pool_handle()
     with (torch.cuda.device(x.device), torch.cuda.stream(torch.cuda.Stream(x.device)),
           warnings.catch_warnings(record=True) as said):
         warnings.simplefilter("always")
-        graph.capture_begin(capture_error_mode="thread_local")
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             out = call(model, x)
         finally:
             try:
                 graph.capture_end()
             except Exception:
+                _release_pool(x.device, pool)
                 _end_capture_state(x.device)
                 raise
     if any("CUDA Graph is empty" in str(w.message) for w in said):
@@ -450,6 +458,14 @@ def _captured(call, model, x, graph):
     for w in said:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return out
+
+
+def _release_pool(device, pool) -> None:
+    """End the allocator's routing to ``pool`` and drop the reference its capture took (what a
+    capture that ends does: ``capture_end``, then the graph's ``reset``)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch._C._cuda_endAllocateToPool(index, pool)
+    torch._C._cuda_releasePool(index, pool)
 
 
 def _end_capture_state(device) -> None:

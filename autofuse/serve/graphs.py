@@ -449,8 +449,10 @@ def _captured(call, model, x, graph):
             try:
                 graph.capture_end()
             except Exception:
-                _release_pool(x.device, pool)
-                _end_capture_state(x.device)
+                try:
+                    _release_pool(x.device, pool)
+                finally:
+                    _end_capture_state(x.device)
                 raise
     if any("CUDA Graph is empty" in str(w.message) for w in said):
         # Nothing was launched: a replay would hand back the same tensor whatever x is.

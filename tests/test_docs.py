@@ -94,6 +94,15 @@ def test_no_lab_diary():
     assert hits == []
 
 
+def test_every_gpu_script_is_in_its_readme():
+    """benchmarks/gpu/README.md is where a GPU check worth rerunning is found: each script has a row."""
+    folder = ROOT / "benchmarks" / "gpu"
+    listed = set(re.findall(r"^\| `([\w.-]+)` \|", (folder / "README.md").read_text(), re.M))
+    scripts = {p.name for p in folder.iterdir() if p.suffix in (".py", ".sh")}
+    assert sorted(scripts - listed) == [], "scripts without a row in benchmarks/gpu/README.md"
+    assert sorted(listed - scripts) == [], "rows in benchmarks/gpu/README.md naming no script"
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
     text = re.sub(r"[`*_]", "", heading.strip().lower())

@@ -289,6 +289,22 @@ def test_backward_gemms_give_the_same_gradients_from_dy_or_its_transpose(precisi
     assert backward_gemms(GemmGrad(None, None, None), x, w, precision, False, False) == (None, None)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32 model", "bfloat16 model"])
+def test_a_one_row_bf16_weight_gradient_is_each_product_rounded_once(dtype):
+    """At batch 1 under bf16, dW = dyᵀ·x contracts two rows, the second zero (``_two_rows``: cuBLAS's
+    GEMM for a contraction of one is slow): each element the float64 product of the bfloat16
+    operands rounded once to the model's dtype, the bits the one-row GEMM writes. Wide values
+    check that nothing rounds through a narrower type; a transposed result fails on its shape."""
+    generator = torch.Generator().manual_seed(3)
+    dy = torch.randn(1, 7, generator=generator) * torch.logspace(-30, 30, 7)
+    x = (torch.randn(1, 5, generator=generator) * torch.logspace(-8, 8, 5)).to(dtype)
+    w = torch.randn(7, 5, generator=generator).bfloat16()
+    grad = GemmGrad.of(dy, grad_layouts("bf16", True, True, False))
+    dx, dw = backward_gemms(grad, x, w, "bf16", True, True)
+    assert dw.shape == (7, 5) and dw.dtype == dtype and dx.shape == (1, 5)
+    assert torch.equal(dw, (dy.bfloat16().double().t() @ x.bfloat16().double()).to(dtype))
+
+
 def _reference_gradients(problem, leaves, cotangent, scalars):
     """Gradients of the reference formula at ``leaves`` (x, W, b) in their dtype, by autograd."""
     y = F.linear(*leaves)

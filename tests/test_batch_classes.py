@@ -785,7 +785,8 @@ def test_a_rung_races_each_other_fused_kind_that_was_close_at_b():
     the budget's prune of the winner at B (cuBLAS + epilogue at 1.07x triton's, matmul_clamp_lse_mish
     bf16) races at every forward rung too, fastest first: it picks its kernel per call and may win
     where the batch is small. A kind beyond prune, one that failed, or one no longer offered does
-    not; nor do the autograd rungs (each candidate a training step)."""
+    not. The autograd rungs (each candidate a training step) race it at one row only, where the
+    weight gradient contracts one row."""
     prob = registry.get_problem("matmul_gelu_softmax")
     configs = registry.get_variant(prob.name, "triton").configs_for(TUNED, "cuda", "bf16")
     spaces = {"triton": configs, "cublas_epilogue": [{"block": 256, "items": 0}], "eager": [{}], "simplified": [{}]}
@@ -802,7 +803,11 @@ def test_a_rung_races_each_other_fused_kind_that_was_close_at_b():
         raced = batch_classes.rung_candidates(ladder, prob, small, "cuda", "bf16", budget)
         assert raced[0].params == configs[0] and "cublas_epilogue" in {c.variant for c in raced}
         graded = batch_classes.build_ladder(prob.name, entry, [], spaces, None, "bf16", budget, autograd=True)
-        assert graded.runners_up == []
+        assert [(c.variant, c.autograd) for c in graded.runners_up] == [("cublas_epilogue", True)]
+        steps = {at: [(c.variant, c.autograd) for c in batch_classes.rung_candidates(
+            graded, prob, {**TUNED, "batch_size": at}, "cuda", "bf16", budget)] for at in (1, 8)}
+        assert ("cublas_epilogue", True) in steps[1] and all(grad for _, grad in steps[1])
+        assert "cublas_epilogue" not in dict(steps[8])
 
     def kinds(**record):
         at = {**entry, "candidates": {**records, "cublas_epilogue": {**records["cublas_epilogue"], **record}}}

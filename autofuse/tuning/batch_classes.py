@@ -7,12 +7,13 @@ So after the search at B, each "rung" of the ladder (the problem's smallest batc
 below B, for the forward 32, and 128 and 256 under bf16 and tf32, and 2B: ``rung_batches``) races
 a handful of candidates at that batch: the winner's configuration first, the study's next
 fastest, each other fused variant's best at B within the budget's ``prune`` of the winner
-(``other_kinds``), small-tile seeds below ``SMALL_BATCH`` (the variant's ``small_batch_seeds``),
-the simplest variants, and, where the winner's operands pass only where gated, its variant at the
-next stricter precision. Each is timed at the rung's shape, then gated fastest first as a trial
-is (``evaluate``; under ``quick`` only within reach of the best gated, ``run_rung``), the best few
-re-timed against eager (``choose``), and the choice becomes an ordinary table entry at batch b
-marked ``rung_of`` B. A batch between rungs is served by the nearest entries
+(``other_kinds``; a training step's rungs at one row only), small-tile seeds below
+``SMALL_BATCH`` (the variant's ``small_batch_seeds``), the simplest variants, and, where the
+winner's operands pass only where gated, its variant at the next stricter precision. Each is
+timed at the rung's shape, then gated fastest first as a trial is (``evaluate``; under ``quick``
+only within reach of the best gated, ``run_rung``), the best few re-timed against eager
+(``choose``), and the choice becomes an ordinary table entry at batch b marked ``rung_of`` B. A
+batch between rungs is served by the nearest entries
 (``autofuse.serve.dispatch``); an entry restricted to where it was gated serves only inside the
 batches its exact configuration passed (``gated_batches``).
 """
@@ -119,14 +120,15 @@ def build_ladder(problem: str, winner: dict, ranked: list[tuple[str, dict]], spa
            precision: str, budget: Budget, autograd: bool) -> Ladder:
     """The candidates every rung races, from the tune's ``winner`` entry, its ``ranked`` timed
     configurations (fastest first) and ``stricter_params`` (the stricter precision's recorded
-    configuration of the winner's variant, or None: its first). The autograd entry's rungs race
-    the winner, the stricter one and the simplest only: each of its candidates is a training step."""
+    configuration of the winner's variant, or None: its first). The autograd entry's runners-up
+    are the other kinds close at B alone, which its rungs race at one row only
+    (``rung_candidates``): each of its candidates is a training step."""
     variants = registry.variants(problem)
     first = Candidate(winner["variant"], dict(winner["params"]), autograd)
     runners = [] if autograd else [Candidate(v, dict(p)) for v, p in ranked
                                    if (v, p) != (first.variant, first.params)][:budget.rung_runners_up]
-    if not autograd:
-        runners += [c for c in other_kinds(winner, spaces, budget, variants) if c not in runners]
+    runners += [dataclasses.replace(c, autograd=autograd) for c in other_kinds(winner, spaces, budget, variants)
+                if c not in runners and (variants[c.variant].supports_autograd or not autograd)]
     simplest = [Candidate(name, dict(configs[0]), autograd) for name, configs in spaces.items()
                 if variants[name].rank() <= 1 and name != first.variant and (variants[name].supports_autograd or not autograd)]
     stricter, cls = None, variants[first.variant]
@@ -180,8 +182,14 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
         params = ladder.stricter.params or next(iter(cls.configs_for(shape, device_type, at)), None)
         if params is not None:
             stricter = [dataclasses.replace(ladder.stricter, params=dict(params))]
+    # A training step's rung races the other kinds at one row only: there the weight gradient is a
+    # contraction of one, which cuBLAS runs on an sm75 kernel (107 µs at 8192² bf16) where the bf16
+    # variants contract two rows (48), so `cublas_epilogue`'s step of 22's bfloat16 model took 0.1369
+    # ms against 0.1648 for the winner at B, `compiled` (H100). At 8 rows `compiled` still led (0.1126
+    # against 0.1315), and each step raced costs a rung seconds (a compile, a gate with gradients).
+    runners = ladder.runners_up if not ladder.winner.autograd or shape[problem.batch_dim] == 1 else []
     chosen, labels = [], set()
-    for candidate in [ladder.winner, *ladder.runners_up, *seeds, *stricter, *ladder.simplest]:
+    for candidate in [ladder.winner, *runners, *seeds, *stricter, *ladder.simplest]:
         if candidate.label() not in labels and _valid(variants[candidate.variant], candidate.params, shape, device_type):
             chosen.append(candidate)
             labels.add(candidate.label())

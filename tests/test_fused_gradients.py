@@ -291,7 +291,7 @@ def test_backward_gemms_give_the_same_gradients_from_dy_or_its_transpose(precisi
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32 model", "bfloat16 model"])
 def test_a_one_row_bf16_weight_gradient_is_each_product_rounded_once(dtype):
-    """At batch 1 under bf16, dW = dyᵀ·x contracts two rows, the second zero (``_two_rows``: cuBLAS's
+    """At batch 1 under bf16, dW = dyᵀ·x contracts two rows, the second zero (``_bf16_weight_gradient``: cuBLAS's
     GEMM for a contraction of one is slow): each element the float64 product of the bfloat16
     operands rounded once to the model's dtype, the bits the one-row GEMM writes. Wide values
     check that nothing rounds through a narrower type; a transposed result fails on its shape."""

@@ -188,8 +188,7 @@ def backward_gemms(grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precis
         if need_x:
             dx = _bf16_mm(dyb, wb, out)
         if need_weight:
-            dyb, xb = _two_rows(dyb, x.bfloat16()) if x.shape[0] == 1 else (dyb, x.bfloat16())
-            dw = _bf16_mm(dyb.t(), xb, out)
+            dw = _bf16_weight_gradient(dyb, x.bfloat16(), out)
         return dx, dw
     if need_x:
         dx = dy.to(weight.dtype) @ weight
@@ -217,16 +216,19 @@ def _weight_gradient(grad: GemmGrad, x: torch.Tensor, precision: str) -> torch.T
     return dy.t() @ x
 
 
-def _two_rows(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy and x with a zero row appended: dyᵀ·x contracting over two rows is the one row's outer
-    product to the bit (p + 0·0). For a contraction of one, cuBLAS runs a CUTLASS sm75 kernel
+def _bf16_weight_gradient(dy: torch.Tensor, x: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """dyᵀ·x for bfloat16 dy and x (``_bf16_mm``). A batch of one row gets a zero row appended to
+    both: contracting two rows is the one row's outer product to the bit (p + 0·0). For a
+    contraction of one, cuBLAS runs a CUTLASS sm75 kernel
     (``cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_nn_align1``): 107 µs for 8192² bfloat16 on an
     H100, where two rows take its sm90 kernel, 48 µs, and so 22's bfloat16-model training step at
     batch 1 went from 0.1840 to 0.1369 ms (``profile_step.py``; torch.compile's, which keeps the
     sm75 kernel, 0.1648). On an H200 the broadcast product ``dyᵀ * x`` took 133 µs (PyTorch's
     kernel for a broadcast is not vectorized) and the float32 GEMMs of one and two rows ran alike
     (103 and 98 µs), so only bf16 pads."""
-    return F.pad(dy, (0, 0, 0, 1)), F.pad(x, (0, 0, 0, 1))
+    if x.shape[0] == 1:
+        dy, x = F.pad(dy, (0, 0, 0, 1)), F.pad(x, (0, 0, 0, 1))
+    return _bf16_mm(dy.t(), x, out)
 
 
 def _bf16_mm(a: torch.Tensor, b: torch.Tensor, out: torch.dtype) -> torch.Tensor:

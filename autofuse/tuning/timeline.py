@@ -78,7 +78,7 @@ def at(shape: dict) -> str:
 def _write(start: float, seconds: float, what: str) -> None:
     try:
         with open(os.environ["AUTOFUSE_TIMELINE"], "a") as f:
-            f.write(f"{start - float(os.environ[ORIGIN]):8.2f} {seconds:7.2f} {os.getpid()} {what}\n")
+            f.write(f"{start - float(os.environ[ORIGIN]):9.3f} {seconds:8.3f} {os.getpid()} {what}\n")
     except (OSError, KeyError, ValueError):
         pass  # a diagnostic: an unwritable path never fails the tune
 

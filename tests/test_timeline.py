@@ -28,9 +28,14 @@ def test_a_tune_writes_its_phases_and_every_worker_call_with_its_outcome(tmp_pat
     assert list(phases) == ["setup", "search", "choice", "batch"], [w for _, _, w in spans]
     order = [phases[p][0] for p in ("setup", "search", "choice", "batch")]
     assert order == sorted(order)
-    # Each trial the search measured is a worker call inside the search's span, with its outcome.
+    # Each trial the search measured is a worker call inside the search's span, with its outcome:
+    # written before the search's own line (a span is written as it ends), and timed inside it (the
+    # times are rounded, so a call starting just after the search may read as inside: the order
+    # tells them apart).
     start, seconds = phases["search"]
-    inside = [what for s, d, what in spans if what.startswith("worker evaluate") and start <= s <= start + seconds]
+    search_line = next(i for i, (_, _, what) in enumerate(spans) if what.split()[0] == "search")
+    inside = [what for i, (s, d, what) in enumerate(spans)
+              if what.startswith("worker evaluate") and start <= s <= start + seconds and i < search_line]
     measured = sum(row.trials for row in result.rows)
     assert len(inside) == measured and all(what.rsplit(None, 1)[1] in ("ok", "out_of_reach") for what in inside), inside
     # The autograd entry's calls carry their gradients, the batch classes' their batch.

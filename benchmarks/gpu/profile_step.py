@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/profile_step.py matmul_clamp_lse_mish --precision tf32 \
         [--mode train] [--variants triton,compiled,cublas_epilogue] [--table benchmarks/table.json] [--shape-index 1]
-        [--batch 64] [--dtype bfloat16]
+        [--batch 64] [--dtype bfloat16] [--variants compiled:mode=max-autotune-no-cudagraphs,compiled]
 
 At one of the problem's default shapes (KernelBench's inputs; ``--batch``: at another batch, with
 that shape's recorded parameters), each variant runs the training step
@@ -50,6 +50,15 @@ def recorded_params(table: str | None, problem: str, shape: dict, mode: str, pre
     return None
 
 
+def _override(item: str):
+    """``key=value`` as (key, value), the value read as JSON where it parses (numbers, booleans)."""
+    key, _, value = item.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def host_ms(step, steps=20) -> float:
     """Median host time to issue one step, each started on an idle GPU."""
     times = []
@@ -82,7 +91,8 @@ def main():
     ap.add_argument("--mode", default="train")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="the model's dtype (bfloat16: model.bfloat16() on bfloat16 inputs, under bf16)")
-    ap.add_argument("--variants", default="triton,compiled,cublas_epilogue")
+    ap.add_argument("--variants", default="triton,compiled,cublas_epilogue",
+                    help="comma-separated; NAME:key=value:key=value overrides the recorded parameters")
     ap.add_argument("--table", default="benchmarks/table.json")
     ap.add_argument("--shape-index", type=int, default=0, help="which of the problem's default shapes")
     ap.add_argument("--batch", type=int, default=None,
@@ -96,11 +106,13 @@ def main():
     device = torch.device("cuda")
     mode = args.mode if prob.mode_sensitive else "any"
     steps = {}
-    for name in args.variants.split(","):
+    for spec in args.variants.split(","):
+        name, *overrides = spec.split(":")
         model, x = build_case(prob, CheckCase(shape, "rand", 0, False), device, parse_dtype(args.dtype), args.mode)
         cls = registry.get_variant(args.problem, name)
         params = recorded_params(args.table, args.problem, tuned, mode, args.precision, name, args.dtype)
         params = cls.configs(shape, "cuda")[0] if params is None else params
+        params = {**params, **dict(_override(item) for item in overrides)}
         variant = cls(args.precision, **params)
         variant.build("cuda")
         steps[f"{name} {params}"] = training_call(variant, model, x, precision=args.precision)

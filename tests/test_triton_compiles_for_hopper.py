@@ -209,7 +209,7 @@ def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode
 def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monkeypatch, problem, batch):
     """cublas_epilogue's backward of a bfloat16 model: the Triton passes on cuBLAS's bfloat16
     logits (22's z from them too, ``clamp_lse_rows``; gemm_bn's training, its statistics from
-    them), at the smallest batch (M a constant) and 8."""
+    them, in the same pass as its gradient sums), at the smallest batch (M a constant) and 8."""
     if batch == (1 if problem == "gemm_bn" else 2):
         pytest.skip("the smallest batch is 2 for gemm_bn's training, 1 for the others")
     record = _recording(monkeypatch)
@@ -231,7 +231,7 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
         names.add(fn.__name__)
     assert names == {"matmul_gelu_softmax": {"softmax_grad_rows", "gelu_softmax_backward"},
                      "matmul_clamp_lse_mish": {"clamp_lse_rows", "clamp_lse_backward"},
-                     "gemm_bn": {"column_grad_sums", "bn_grad_coefficients", "bn_backward"}}[problem], names
+                     "gemm_bn": {"column_grad_stats", "bn_grad_coefficients", "bn_backward"}}[problem], names
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),

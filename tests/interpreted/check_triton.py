@@ -73,7 +73,8 @@ def backward_kernels() -> list[str]:
     matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
     ones against the formula from the logits, bfloat16 ones against the same formula); and
     gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
-    then gemm_bn's per-column coefficients from either z."""
+    then gemm_bn's per-column coefficients from either z, and from z alone (statistics taken in
+    the same pass: float32, bfloat16, and far from 0)."""
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
     from autofuse.variants.matmul_gelu_softmax import gradients as g99
@@ -152,7 +153,32 @@ def backward_kernels() -> list[str]:
         scale, gamma = torch.randn(n, generator=generator), torch.rand(n, generator=generator) + 0.5
         for z, shift, tile_rows, name in ((y, -mean[None], m, "plain z"), (y16, shift16, 16, "tiled bfloat16 z")):
             coefficients = lambda: gbn.bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, 1e-5)  # noqa: E731
-            compare(f"bn_coefficients {(m, n)} {name}", coefficients(), torch_formula(coefficients))
+            compare(f"bn_coefficients {(m, n)} {name}", coefficients()[0], torch_formula(coefficients)[0])
+        # z alone (cublas_epilogue's: float32, or a bfloat16 model's y; also far from 0, where
+        # torch's formula in float32 loses C to the rounding of z − μ, and with a first row 10⁴
+        # times the rest, inside the first chunk's reference rows): the pass takes μ and σ²
+        # itself, against the float64 formula on z as stored
+        for offset, outlier, dtype in ((0.0, 1.0, torch.float32), (0.0, 1.0, torch.bfloat16),
+                                       (3000.0, 1.0, torch.float32), (1e5, 1.0, torch.float32),
+                                       (300.0, 1.0, torch.bfloat16), (0.0, 1e4, torch.float32)):
+            z = (y * torch.where(torch.arange(m) == 0, outlier, 1.0)[:, None] + offset).to(dtype)
+            coef, got_shift = gbn.bn_coefficients(grad, z, None, m, None, scale, gamma, 1e-5)
+            want, want_shift = _bn_coefficients_float64(grad, z, scale, gamma, 1e-5)
+            name = f"bn_coefficients {(m, n)} {str(dtype)[6:]} z about {offset:g}, row 0 × {outlier:g}, no statistics"
+            for row, part in enumerate(("a", "b", "c", "ds", "dgamma", "dbeta")):
+                compare(f"{name}: {part}", coef[row], want[row])
+            compare(f"{name}: shift", got_shift, want_shift)
+    # the same with several chunks of ``gbn.STATS_BLOCK`` rows, the last one partial
+    rows = 2 * gbn.STATS_BLOCK[0] + gbn.STATS_BLOCK[1] + 3
+    y, grad = torch.randn(rows, 24, generator=generator), torch.randn(rows, 24, generator=generator)
+    scale, gamma = torch.randn(24, generator=generator), torch.rand(24, generator=generator) + 0.5
+    for offset, outlier in ((3000.0, 1.0), (0.0, 1e4)):
+        z = y * torch.where(torch.arange(rows) == rows - 1, outlier, 1.0)[:, None] + offset
+        coef, got_shift = gbn.bn_coefficients(grad, z, None, rows, None, scale, gamma, 1e-5)
+        want, want_shift = _bn_coefficients_float64(grad, z, scale, gamma, 1e-5)
+        name = f"bn_coefficients {(rows, 24)} z about {offset:g}, last row × {outlier:g}, no statistics"
+        compare(name, coef, want)
+        compare(f"{name}: shift", got_shift, want_shift)
     failures += _clamped_logsumexp(generator, torch_formula)
     # 22 from softmax factors where a row has a NaN logit, and where a row is clamped whole but for
     # a NaN: NaN exactly where the formula from the logits puts it (the entries inside the clamp),
@@ -183,6 +209,17 @@ def backward_kernels() -> list[str]:
     if not error < 3e-7:
         failures.append(f"gelu_softmax on nearly one-hot rows: relative error {error:.3g} > 3e-7 against float64")
     return failures
+
+
+def _bn_coefficients_float64(grad, z, scale, gamma, eps):
+    """``bn_coefficients``'s six rows and shift −μ in float64, from z as stored."""
+    g, z, scale, gamma = grad.double(), z.double(), scale.double(), gamma.double()
+    var, mean = torch.var_mean(z, dim=0, correction=0)
+    sum_g, sum_gc, m = g.sum(0), (g * (z - mean)).sum(0), z.shape[0]
+    r = torch.rsqrt(scale * scale * var + eps)
+    a = scale * gamma * r
+    return torch.stack([a, -a * sum_g / m, -a * scale * scale * r * r * sum_gc / m, gamma * eps * r ** 3 * sum_gc,
+                        scale * r * sum_gc, sum_g]), -mean[None]
 
 
 def _clamped_logsumexp(generator, torch_formula) -> list[str]:

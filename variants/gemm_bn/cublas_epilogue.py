@@ -31,7 +31,8 @@ bfloat16(y·s), and normalises that with float32 statistics (af_bn_train_bf16): 
 computes it on the reference's tensors, so KernelBench's harness at bfloat16 finds the output
 within its tolerance, at half the float32 path's bytes. Eval folds in float32 and runs one
 bfloat16 addmm. With a gradient needed, training keeps y (the bias cancels in y − μ, so it serves
-as z, its statistics taken again in float32) and normalises into a fresh buffer; eval runs the
+as z, its statistics taken again in float32 by the backward's first pass, gradients.py) and
+normalises into a fresh buffer; eval runs the
 GEMM, then z·k + shift in float32 with k and shift from the parameters, rounded once.
 
 Preconditions: float32 CUDA tensors, or a bfloat16 model's (running statistics contiguous:

@@ -14,7 +14,8 @@ BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 A bfloat16 model's parameters, running statistics and g are loaded as float32; its output and
 running statistics are stored back in bfloat16.
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
-``bn_grad_coefficients`` between them (gradients.py).
+``bn_grad_coefficients`` between them (gradients.py); where the forward kept no statistics
+(cuBLAS's z), ``column_grad_stats`` is the first pass and takes them from z in the same read.
 """
 
 import triton
@@ -222,12 +223,90 @@ def column_grad_sums(grad_ptr, z_ptr, shift_ptr, part_g_ptr, part_gc_ptr, M, N, 
 
 
 @triton.jit
-def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr, coef_ptr, eps, inv_n, N, CHUNKS,
-                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def column_grad_stats(grad_ptr, z_ptr, part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, M, N,
+                      CHUNK_ROWS, SUB_ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``column_grad_sums`` where the forward kept no statistics (cuBLAS's z): z's own taken in the
+    same read. Per chunk of CHUNK_ROWS rows (a multiple of SUB_ROWS), read SUB_ROWS at a time
+    and summed across rows once at the end (a sum across rows is a trip through shared memory),
+    about a per-column reference k, the mean of the chunk's first SUB_ROWS rows as float32
+    rounds it: Σ g, Σ g·(z − k), k, Σ(z − k)² and Σ(z − k) (not 0: k is not the chunk's exact
+    mean), which ``merged_statistics`` merges exactly. k from the data's own rows keeps the sums
+    of squares near the spread (a far outlier moves it by 1/SUB_ROWS of its distance), where
+    z's magnitude alone would round them away."""
+    start = tl.program_id(0) * CHUNK_ROWS
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    rows = start + tl.arange(0, SUB_ROWS)
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    ref = tl.sum(z, axis=0) / tl.minimum(M - start, SUB_ROWS).to(tl.float32)  # rows past M load as 0
+    d = tl.where(mask, z - ref[None, :], 0.0)
+    sum_g, sum_gd, sum_d, sum_dd = grad, grad * d, d, d * d
+    for offset in range(SUB_ROWS, CHUNK_ROWS, SUB_ROWS):
+        rows = start + offset + tl.arange(0, SUB_ROWS)
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+        grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32) - ref[None, :], 0.0)
+        sum_g += grad
+        sum_gd += grad * d
+        sum_d += d
+        sum_dd += d * d
+    chunk = tl.program_id(0) * N + cols
+    tl.store(part_g_ptr + chunk, tl.sum(sum_g, axis=0), mask=col_ok)
+    tl.store(part_gc_ptr + chunk, tl.sum(sum_gd, axis=0), mask=col_ok)
+    tl.store(part_ref_ptr + chunk, ref, mask=col_ok)
+    tl.store(part_m2_ptr + chunk, tl.sum(sum_dd, axis=0), mask=col_ok)
+    tl.store(part_r_ptr + chunk, tl.sum(sum_d, axis=0), mask=col_ok)
+
+
+@triton.jit
+def merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, cols, ok, M, N, CHUNKS,
+                      CHUNK_ROWS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(μ, σ² biased, C = Σ g·(z − μ)) per column from ``column_grad_stats``'s chunks (n_c rows
+    each: CHUNK_ROWS but the last), exactly as the algebra merges sums about any reference k_c,
+    so no rounding of k_c reaches σ²: with d_c = k_c − μ and R_c = Σ(z − k_c),
+    Σ(z − μ)² = Σ_c M2_c + 2·d_c·R_c + n_c·d_c² and C = Σ_c C_c + d_c·S_c (Chan's update; never
+    E[z²] − E[z]²). The references are taken about the first chunk's, so a large common offset of
+    z cancels (k_c − k_0 is exact) before anything is summed: μ − k_0 = Σ_c (n_c·(k_c − k_0) + R_c) / n."""
+    first = tl.load(part_ref_ptr + cols, mask=ok, other=0.0)
+    total = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        chunks = start + tl.arange(0, BLOCK_P)
+        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        count = tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
+        d = tl.load(part_ref_ptr + offsets, mask=mask, other=0.0) - first[None, :]
+        total += tl.sum(tl.where(mask, count * d + tl.load(part_r_ptr + offsets, mask=mask, other=0.0), 0.0), axis=0)
+    mean_d = total / M  # μ − m_0
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sum_gc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        chunks = start + tl.arange(0, BLOCK_P)
+        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        count = tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
+        d = tl.load(part_ref_ptr + offsets, mask=mask, other=0.0) - first[None, :]
+        d = tl.where(mask, d - mean_d[None, :], 0.0)  # m_c − μ
+        residual = tl.load(part_r_ptr + offsets, mask=mask, other=0.0)
+        m2 += tl.sum(tl.load(part_m2_ptr + offsets, mask=mask, other=0.0) + d * (2.0 * residual + count * d), axis=0)
+        sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0)
+                         + d * tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
+    return first + mean_d, m2 / M, sum_gc
+
+
+@triton.jit
+def bn_grad_coefficients(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, var_ptr, shift_ptr, scale_ptr,
+                         gamma_ptr, coef_ptr, eps, M, N, CHUNKS, CHUNK_ROWS,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, STATS: tl.constexpr):
     """Per column, from ``column_grad_sums``'s chunks: S = Σ g and C = Σ g·(z − μ) (each a sum of
     BLOCK_P-chunk tree sums), r = 1/√(s²σ² + eps), and into coef's six rows: a = sγr,
-    b = −a·S/n, c = −a·s²r²·C/n (``bn_backward``'s; inv_n = 1/n), then ds = γ·eps·r³·C,
-    dγ = s·r·C and dβ = S: one launch where torch took a dozen small ones."""
+    b = −a·S/n, c = −a·s²r²·C/n (``bn_backward``'s), then ds = γ·eps·r³·C, dγ = s·r·C and dβ = S:
+    one launch where torch took a dozen small ones. With STATS, μ, σ² and C come from the chunks'
+    statistics (``merged_statistics``), and σ² and the shift −μ are written to var_ptr and
+    shift_ptr for ``bn_backward``; else σ² is read from var_ptr."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = cols < N
     sum_g = tl.zeros((BLOCK_C,), dtype=tl.float32)
@@ -237,10 +316,19 @@ def bn_grad_coefficients(part_g_ptr, part_gc_ptr, var_ptr, scale_ptr, gamma_ptr,
         mask = (chunks < CHUNKS)[:, None] & ok[None, :]
         offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
         sum_g += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
-        sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0), axis=0)
+        if not STATS:
+            sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0), axis=0)
+    if STATS:
+        mean, var, sum_gc = merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, cols, ok,
+                                              M, N, CHUNKS, CHUNK_ROWS, BLOCK_P, BLOCK_C)
+        tl.store(var_ptr + cols, var, mask=ok)
+        tl.store(shift_ptr + cols, -mean, mask=ok)
+    else:
+        var = tl.load(var_ptr + cols, mask=ok, other=0.0)
     scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     gamma = tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(scale * scale * tl.load(var_ptr + cols, mask=ok, other=0.0) + eps)
+    r = 1.0 / tl.sqrt(scale * scale * var + eps)
+    inv_n = 1.0 / M
     a = scale * gamma * r
     tl.store(coef_ptr + cols, a, mask=ok)
     tl.store(coef_ptr + N + cols, -a * sum_g * inv_n, mask=ok)

@@ -818,6 +818,28 @@ def test_a_rung_races_each_other_fused_kind_that_was_close_at_b():
     assert batch_classes.other_kinds(entry, spaces, BUDGETS["full"], registry.variants(prob.name))  # no prune
 
 
+@pytest.mark.parametrize("autograd", [False, True])
+def test_a_rung_the_winners_configuration_cannot_hold_races_its_variants_first_configuration_there(autograd):
+    """cublas_epilogue's 32-column strip holds gemm_bn's 1024 rows on chip but not 2048: rung 2048
+    races the variant at its first configuration for 2048 rows, first, where the kind that won at
+    B would otherwise be missing (its training step's rung went to eager); a rung it holds keeps
+    the winner's own."""
+    prob = registry.get_problem("gemm_bn")
+    tuned = {"batch_size": 1024, "in_features": 8192, "out_features": 8192}
+    cls = registry.get_variant(prob.name, "cublas_epilogue")
+    strip = {"strip_cols": 32, "block": 1024}
+    assert strip in cls.configs(tuned, "cuda") and strip not in cls.configs({**tuned, "batch_size": 2048}, "cuda")
+    spaces = {"cublas_epilogue": cls.configs(tuned, "cuda"), "eager": [{}], "simplified": [{}]}
+    entry = {"variant": "cublas_epilogue", "params": strip, "median_ms": 0.45, "candidates": {}}
+    ladder = batch_classes.build_ladder(prob.name, entry, [], spaces, None, "bf16", BUDGETS["quick"], autograd)
+    raced = {at: batch_classes.rung_candidates(ladder, prob, {**tuned, "batch_size": at}, "cuda", "bf16",
+                                               BUDGETS["quick"], "train") for at in (512, 2048)}
+    assert (raced[512][0].variant, raced[512][0].params) == ("cublas_epilogue", strip)
+    first = raced[2048][0]
+    assert (first.variant, first.params, first.autograd) == (
+        "cublas_epilogue", cls.configs({**tuned, "batch_size": 2048}, "cuda")[0], autograd)
+
+
 def test_a_batch_class_serving_its_family_says_so_at_info_not_as_a_warning(caplog):
     """Each new batch size a family's rungs serve is by design (gated there): an INFO line, not a
     warning per size."""

@@ -163,7 +163,8 @@ def other_kinds(winner: dict, spaces: dict, budget: Budget, variants: dict) -> l
 def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,
                     budget: Budget, mode: str = "any") -> list[Candidate]:
     """What the rung at ``shape`` races, each valid there and once: the winner first (gated first
-    where timings tie, and always under the ``full`` budget). At a rung whose calls the runtime
+    where timings tie, and always under the ``full`` budget; its variant's first configuration
+    there where its own does not hold the rung, ``_winner_at``). At a rung whose calls the runtime
     replays as CUDA graphs (``graphs.replayed_key``), only ``capturable`` candidates where any is:
     the race times the GPU, and a replay costs the host one to three launches, while a call that cannot
     be captured pays its whole host path on top (H100, gemm_bn training 32×4096² bf16: a
@@ -189,7 +190,8 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
     # against 0.1315), and each step raced costs a rung seconds (a compile, a gate with gradients).
     runners = ladder.runners_up if not ladder.winner.autograd or shape[problem.batch_dim] == 1 else []
     chosen, labels = [], set()
-    for candidate in [ladder.winner, *runners, *seeds, *stricter, *ladder.simplest]:
+    for candidate in [_winner_at(ladder.winner, variants, shape, device_type, precision), *runners, *seeds, *stricter,
+                      *ladder.simplest]:
         if candidate.label() not in labels and _valid(variants[candidate.variant], candidate.params, shape, device_type):
             chosen.append(candidate)
             labels.add(candidate.label())
@@ -197,6 +199,18 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
         capturable = [c for c in chosen if variants[c.variant].capturable]
         chosen = capturable or chosen
     return chosen
+
+
+def _winner_at(winner: Candidate, variants: dict, shape: dict, device_type: str, precision: str) -> Candidate:
+    """The winner at B, or where its configuration does not hold the rung's shape its variant's
+    first configuration there: `cublas_epilogue`'s 32-column strip holds 1024 rows of gemm_bn,
+    not 2048, and without the kind that won at B the training step's rung at 2048 rows went to
+    eager (1.0685 ms, where `compiled` had taken 0.8836; H100, bfloat16 model)."""
+    cls = variants[winner.variant]
+    if _valid(cls, winner.params, shape, device_type):
+        return winner
+    first = next(iter(cls.configs_for(shape, device_type, winner.precision or precision)), None)
+    return winner if first is None else dataclasses.replace(winner, params=dict(first))
 
 
 def _valid(cls, params: dict, shape: dict, device_type: str) -> bool:

@@ -263,6 +263,16 @@ def column_grad_stats(grad_ptr, z_ptr, part_g_ptr, part_gc_ptr, part_ref_ptr, pa
 
 
 @triton.jit
+def chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P: tl.constexpr):
+    """Chunks start … start + BLOCK_P − 1 of a (chunks × N) matrix of partials: their mask, offsets
+    and rows (n_c: CHUNK_ROWS, fewer for the last chunk) as a column."""
+    chunks = start + tl.arange(0, BLOCK_P)
+    mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+    offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+    return mask, offsets, tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
+
+
+@triton.jit
 def merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, cols, ok, M, N, CHUNKS,
                       CHUNK_ROWS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """(μ, σ² biased, C = Σ g·(z − μ)) per column from ``column_grad_stats``'s chunks (n_c rows
@@ -274,20 +284,14 @@ def merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r
     first = tl.load(part_ref_ptr + cols, mask=ok, other=0.0)
     total = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for start in range(0, CHUNKS, BLOCK_P):
-        chunks = start + tl.arange(0, BLOCK_P)
-        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
-        count = tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
+        mask, offsets, count = chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P)
         d = tl.load(part_ref_ptr + offsets, mask=mask, other=0.0) - first[None, :]
         total += tl.sum(tl.where(mask, count * d + tl.load(part_r_ptr + offsets, mask=mask, other=0.0), 0.0), axis=0)
-    mean_d = total / M  # μ − m_0
+    mean_d = total / M  # μ − k_0
     m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
     sum_gc = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for start in range(0, CHUNKS, BLOCK_P):
-        chunks = start + tl.arange(0, BLOCK_P)
-        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
-        count = tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
+        mask, offsets, count = chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P)
         d = tl.load(part_ref_ptr + offsets, mask=mask, other=0.0) - first[None, :]
         d = tl.where(mask, d - mean_d[None, :], 0.0)  # m_c − μ
         residual = tl.load(part_r_ptr + offsets, mask=mask, other=0.0)

@@ -293,7 +293,7 @@ def merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r
     for start in range(0, CHUNKS, BLOCK_P):
         mask, offsets, count = chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P)
         d = tl.load(part_ref_ptr + offsets, mask=mask, other=0.0) - first[None, :]
-        d = tl.where(mask, d - mean_d[None, :], 0.0)  # m_c − μ
+        d = tl.where(mask, d - mean_d[None, :], 0.0)  # k_c − μ
         residual = tl.load(part_r_ptr + offsets, mask=mask, other=0.0)
         m2 += tl.sum(tl.load(part_m2_ptr + offsets, mask=mask, other=0.0) + d * (2.0 * residual + count * d), axis=0)
         sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0)

@@ -17,6 +17,7 @@ from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
 from autofuse.variants.matmul_gelu_softmax import gradients as g99
 from helpers import assert_close, relative_error
 
+from autofuse.core import registry
 from autofuse.kernels.autograd import (
     FusedOp,
     GemmGrad,
@@ -91,11 +92,35 @@ def test_batchnorm_training_rule_with_a_large_eps_where_the_scale_gradient_is_no
     _gradcheck(op, *inputs)
 
 
+@pytest.mark.parametrize("affine", [True, False], ids=["bias and affine BatchNorm", "neither"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_batchnorm_eval_rule_matches_finite_differences(shape):
+def test_batchnorm_eval_rule_matches_finite_differences(shape, affine):
+    """Eval mode's rule from the parameters themselves (x, W, b, s, γ, β; b, γ and β may be absent),
+    the running statistics constants, a large eps so it counts."""
     batch, n_in, n_out = shape
-    op = gbn.eval_op(gbn.torch_eval_forward("fp32"), "fp32")
-    _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), _leaf(n_out, seed=2), _leaf(n_out, seed=3))
+    mean, var = _leaf(n_out, seed=6).detach(), _leaf(n_out, seed=7).detach().abs() + 0.5
+    op = gbn.eval_op(gbn.torch_eval_forward("fp32"), "fp32", mean, var, 0.3)
+    params = [_leaf(n_out, seed=s) if affine or s == 3 else None for s in (2, 3, 4, 5)]
+    _gradcheck(op, _leaf(batch, n_in), _leaf(n_out, n_in, seed=1), *params)
+
+
+def test_batchnorm_eval_rule_gives_the_references_gradients():
+    """The same op on the problem's own eval-mode model: every parameter's gradient and x's as
+    autograd through the reference gives them."""
+    prob = registry.get_problem("gemm_bn")
+    shape = {"batch_size": 5, "in_features": 6, "out_features": 4}
+    model = prob.build_model(shape).double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x, cotangent = _leaf(5, 6), torch.randn(5, 4, dtype=F64)
+    model(x).backward(cotangent)
+    want = [x.grad, *(p.grad for p in model.parameters())]
+    x.grad = None
+    model.zero_grad()
+    gbn.eval_call(gbn.torch_eval_forward("fp32"), "fp32", model, x).backward(cotangent)
+    for got, expected in zip([x.grad, *(p.grad for p in model.parameters())], want, strict=True):
+        assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def _avgpool_forward(save_r: bool):

@@ -154,6 +154,19 @@ def backward_kernels() -> list[str]:
         for z, shift, tile_rows, name in ((y, -mean[None], m, "plain z"), (y16, shift16, 16, "tiled bfloat16 z")):
             coefficients = lambda: gbn.bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, 1e-5)  # noqa: E731
             compare(f"bn_coefficients {(m, n)} {name}", coefficients()[0], torch_formula(coefficients)[0])
+        # eval mode's pass: dz = g·k in each layout, Σ g·z and Σ g; z and g also a bfloat16 model's
+        k = torch.randn(n, generator=generator)
+        for (z, g), lay in itertools.product(((y, grad), (y.bfloat16(), grad.bfloat16())), layouts):
+            run = lambda: gbn.eval_grad_sums(g, z, k, lay)  # noqa: E731
+            (got, got_gz, got_g), (want, want_gz, want_g) = run(), torch_formula(run)
+            case = f"eval_grad_sums {(m, n)} {str(z.dtype)[6:]} rows={lay.rows} cols={lay.cols} {str(lay.dtype)[6:]}"
+            for part, value, expected in (("dy", got.dy, want.dy), ("dyT", got.dy_t, None if want.dy is None else want.dy.t()),
+                                          ("Σ g·z", got_gz, want_gz), ("Σ g", got_g, want_g)):
+                asked = part.startswith("Σ") or (lay.rows if part == "dy" else lay.cols)
+                if (value is not None) != asked:
+                    failures.append(f"{case}: {part} {'missing' if value is None else 'not asked for'}")
+                elif value is not None:
+                    compare(f"{case} {part}", value, expected)
         # z alone (cublas_epilogue's: float32, or a bfloat16 model's y; also far from 0, where
         # torch's formula in float32 loses C to the rounding of z − μ, and with a first row 10⁴
         # times the rest, inside the first chunk's reference rows): the pass takes μ and σ²

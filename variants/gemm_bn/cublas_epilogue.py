@@ -22,8 +22,8 @@ which the backward needs, stays (gradients.py).
 Eval (running statistics). The whole block is one linear layer: W' = W·k[:, None], b' = shift
 with k, shift as in ``cuda_fused``; folded once (cached until a parameter or running statistic
 changes) and run as one addmm, no extra kernel. With a gradient needed: the GEMM, then
-out = z·k + shift with k and shift computed from the parameters each call (O(out)), so autograd
-reaches them; z is kept for dk.
+out = z·k + shift with k and shift computed from the parameters each call (O(out)), their
+gradients mapped on to the parameters by the backward (``gradients.eval_op``); z is kept for dk.
 
 A bfloat16 model (under bf16): training takes y = linear(x) as its reference does (cuBLAS's
 bfloat16 output, bias included) and the epilogue reads each element as the reference's x·s,
@@ -112,7 +112,6 @@ class CublasEpilogueGemmBn(CudaVariant):
         super().__init__(precision, **params)
         self._folded = FoldCache()
         self._arrivals = {}  # (device index, stream) -> the two-kernel path's arrival counters
-        self._eval_op = gradients.eval_op(self._eval_fused, precision)
 
     @classmethod
     def configs(cls, shape, device):
@@ -201,8 +200,7 @@ class CublasEpilogueGemmBn(CudaVariant):
         """A float32 model's or a bfloat16 model's (folded in float32, one bfloat16 addmm; with a
         gradient needed: its GEMM, then z·k + shift in float32, rounded once)."""
         if needs_grad(x, *model.parameters()):
-            coefficients = gradients.affine_coefficients(model, torch.float32 if dtype == torch.bfloat16 else None)
-            return fused_call(self._eval_op, x, model.gemm.weight, *coefficients)
+            return gradients.eval_call(self._eval_fused, self.precision, model, x)
         n_out, n_in = model.gemm.weight.shape
         x = input_operand(x, n_in, dtype)
         w = operand(model.gemm.weight, "gemm.weight", (n_out, n_in), x.device, dtype)

@@ -19,7 +19,8 @@ fp32 FMA only: these run under every precision. Preconditions: float32 CUDA tens
 contiguous; the running statistics must already be contiguous, they are updated in place);
 any sizes. Kernel: csrc/gemm_bn.cu. Autograd: the kernels keep neither z nor its statistics, so
 the backward recomputes z with one cuBLAS GEMM (gradients.py); eval-mode k and shift are then
-computed from the parameters each call, so autograd reaches them.
+computed from the parameters each call, and the backward maps their gradients on to the
+parameters (``gradients.eval_op``).
 """
 
 from __future__ import annotations
@@ -179,8 +180,7 @@ class GemmBn(GemmKernelVariant):
                                     self.precision, ops.eps)  # fmt: skip
             return fused_call(op, x, model.gemm.weight, model.gemm.bias, model.scale, model.bn.weight, model.bn.bias)
         if needs_grad(x, *model.parameters()):
-            op = gradients.eval_op(self._eval, self.precision)
-            return fused_call(op, x, model.gemm.weight, *gradients.affine_coefficients(model))
+            return gradients.eval_call(self._eval, self.precision, model, x)
         k, shift = self._coefficients.get(
             eval_dependencies(model), lambda: eval_coefficients(model, x.device), extra=(float(model.bn.eps),)
         )

@@ -20,21 +20,35 @@ element less its row tile's mean (the shift is then tile mean − μ), and under
 its rounding is then 2⁻⁹ of z's spread about the tile mean, never of a large common offset, which
 the mean's subtraction would turn into a large error in ŷ.
 
-Eval (running statistics). out = z·k + shift per column, with k = s·γ/√(running_var + eps) and
-shift = (b·s − running_mean)·γ/√(running_var + eps) + β computed from the parameters by
-``affine_coefficients`` in torch, so autograd carries dk and dshift on to s, γ, β and b:
-    dz = g·k,  dk = Σ_rows g·z,  dshift = Σ_rows g.
-Saved: x, the weight operand, z (None: recomputed) and k.
+Eval (running statistics). out = z·k + shift per column, with r = 1/√(running_var + eps),
+k = s·γ·r and shift = (b·s − running_mean)·γ·r + β, computed from the parameters outside
+autograd (``eval_op``; torch's formula recorded a dozen autograd nodes a call, each host time
+before the GPU had the step). With dk = Σ_rows g·z and dshift = Σ_rows g (one pass over g and z,
+which also writes dz = g·k: ``eval_grad_sums``):
+    db = k·dshift,  ds = γ·r·(dk + b·dshift),  dγ = r·(s·dk + (b·s − running_mean)·dshift),
+    dβ = dshift,  dx = dz·W,  dW = dzᵀ·x.
+The running statistics get no gradient, as in PyTorch. Saved: x, the weight operand, z (None:
+recomputed), and the vectors above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from autofuse.core.precision import linear
-from autofuse.kernels.autograd import CUBLAS, CublasGemms, FusedOp, GemmGrad, GradBuffers, GradLayouts, reduce_rows
+from autofuse.kernels.autograd import (
+    CUBLAS,
+    CublasGemms,
+    FusedOp,
+    GemmGrad,
+    GradBuffers,
+    GradLayouts,
+    fused_call,
+    reduce_rows,
+)
 from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
 # Rows × columns per program of the backward's two Triton passes (512-byte rows).
@@ -149,37 +163,66 @@ def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | N
     return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
 
 
+def eval_grad_sums(grad, z, k, layouts: GradLayouts) -> tuple[GemmGrad, torch.Tensor, torch.Tensor]:
+    """(dz = g·k in ``layouts``, Σ_rows g·z, Σ_rows g), the sums in float32: one pass over g and z
+    (a Triton kernel where it can run), where torch took one per operation (g and z to float32,
+    the products, dz's rounding, each sum)."""
+    if _kernels_apply(grad, z, k):
+        (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
+        chunks = -(-m // rows)
+        buffers = GradBuffers(dataclasses.replace(layouts, sums=False), m, n, rows, grad.device)
+        parts = torch.empty(2, chunks, n, device=grad.device)
+        _kernels().eval_grad_sums[(chunks, -(-n // cols))](grad, z, k, buffers.dy, buffers.dy_t, *parts, m, n,
+                                                           BLOCK_R=rows, BLOCK_C=cols, ROWS=layouts.rows,
+                                                           COLS=layouts.cols)
+        sum_gz, sum_g = parts.sum(1).unbind(0)
+        return buffers.result(), sum_gz, sum_g
+    acc = torch.promote_types(z.dtype, torch.float32)  # a bfloat16 model's g and z: products in float32
+    g = grad.to(acc)
+    return GemmGrad.of(g * k, layouts), reduce_rows(g * z.to(acc)), reduce_rows(grad)
+
+
 def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
-    """(dx, dW, dk, dshift) per ``needs`` (inputs: x, weight, k, shift); ``gemms`` multiplies dx and dW."""
-    x, weight, z, k = saved
+    """(dx, dW, db, ds, dγ, dβ) per ``needs`` (inputs: x, weight, bias, scale, γ, β); ``gemms``
+    multiplies dx and dW."""
+    x, weight, z, k, r, bias, scale, gamma, mean = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    acc = torch.promote_types(z.dtype, torch.float32)  # a bfloat16 model's g and z: products in float32
-    dz = GemmGrad.of(grad.to(acc) * k, gemms.layouts(precision, needs[0], needs[1], False))
+    dz, dk, dshift = eval_grad_sums(grad, z, k, gemms.layouts(precision, needs[0], needs[1], False))
     dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
-    dk = reduce_rows(grad.to(acc) * z.to(acc)) if needs[2] else None
-    dshift = reduce_rows(grad) if needs[3] else None
-    return dx, dw, dk, dshift
+    acc = k.dtype
+    scale = scale.to(acc)
+    gamma_r = r * gamma.to(acc) if gamma is not None else r
+    offset = bias.to(acc) * scale - mean.to(acc) if bias is not None else -mean.to(acc)  # b·s − running mean
+    db = k * dshift if needs[2] else None
+    ds = gamma_r * (dk + bias.to(acc) * dshift if bias is not None else dk) if needs[3] else None
+    dgamma = r * (scale * dk + offset * dshift) if needs[4] else None
+    return dx, dw, db, ds, dgamma, dshift if needs[5] else None
 
 
-def affine_coefficients(model, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k, shift) of eval mode, out = z·k + shift, differentiable in the parameters (O(out) work);
-    computed in ``dtype`` where given (a bfloat16 model's in float32, as its BatchNorm computes),
-    else in the parameters' own."""
-    gemm, bn = model.gemm, model.bn
-
+def eval_affine(bias, scale, gamma, beta, mean, var, eps: float, dtype: torch.dtype | None = None):
+    """(k, shift, r) of eval mode (the module's docstring) from the parameters and running statistics,
+    in ``dtype`` where given (a bfloat16 model's in float32, as its BatchNorm computes), else in
+    the parameters' own; differentiable where called with grad enabled."""
     def cast(t):
         return t if dtype is None else t.to(dtype)
 
-    inv_std = torch.rsqrt(cast(bn.running_var) + bn.eps)
-    if bn.weight is not None:
-        inv_std = inv_std * cast(bn.weight)
-    k = cast(model.scale) * inv_std
-    shift = -cast(bn.running_mean) * inv_std
-    if gemm.bias is not None:
-        shift = shift + cast(gemm.bias) * k
-    if bn.bias is not None:
-        shift = shift + cast(bn.bias)
+    r = torch.rsqrt(cast(var) + eps)
+    inv_std = r * cast(gamma) if gamma is not None else r
+    k = cast(scale) * inv_std
+    shift = -cast(mean) * inv_std
+    if bias is not None:
+        shift = shift + cast(bias) * k
+    if beta is not None:
+        shift = shift + cast(beta)
+    return k, shift, r
+
+
+def affine_coefficients(model, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, shift) of eval mode, out = z·k + shift, from the model (``eval_affine``)."""
+    gemm, bn = model.gemm, model.bn
+    k, shift, _ = eval_affine(gemm.bias, model.scale, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                    bn.eps, dtype)
     return k, shift
 
 
@@ -192,10 +235,26 @@ def train_op(forward, precision: str, eps: float, tile_rows: int | None = None,
                                                                       gemms), precision)
 
 
-def eval_op(forward, precision: str, gemms: CublasGemms = CUBLAS) -> FusedOp:
-    """The FusedOp of an eval forward ``(x, weight, k, shift, save)`` returning
+def eval_op(forward, precision: str, running_mean, running_var, eps: float, gemms: CublasGemms = CUBLAS) -> FusedOp:
+    """The FusedOp of eval mode on the parameters themselves, inputs (x, weight, bias, scale, γ, β)
+    (bias, γ, β may be None): (k, shift) from them and the running statistics, in float32 for a
+    bfloat16 model, outside autograd, then ``forward(x, weight, k, shift, save)`` returning
     (out, (x, weight operand, z or None, k))."""
-    return FusedOp(forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision, gemms), precision)
+    def op_forward(x, weight, bias, scale, gamma, beta, save):
+        dtype = torch.float32 if scale.dtype == torch.bfloat16 else None
+        k, shift, r = eval_affine(bias, scale, gamma, beta, running_mean, running_var, eps, dtype)
+        out, saved = forward(x, weight, k, shift, save)
+        return out, ((*saved[:3], k, r, bias, scale, gamma, running_mean) if save else ())
+
+    return FusedOp(op_forward, lambda saved, grad, needs: eval_backward(saved, grad, needs, precision, gemms),
+                   precision)
+
+
+def eval_call(forward, precision: str, model, x, gemms: CublasGemms = CUBLAS) -> torch.Tensor:
+    """``model`` in eval mode with a gradient needed, through ``forward`` (``eval_op``)."""
+    gemm, bn = model.gemm, model.bn
+    op = eval_op(forward, precision, bn.running_mean, bn.running_var, bn.eps, gemms)
+    return fused_call(op, x, gemm.weight, gemm.bias, model.scale, bn.weight, bn.bias)
 
 
 def torch_train_forward(precision, eps, tile_rows: int | None = None):

@@ -61,7 +61,6 @@ class TritonGemmBn(TritonVariant):
     def __init__(self, precision="fp32", **params):
         super().__init__(precision, **params)
         self._coefficients = FoldCache()
-        self._eval_op = gradients.eval_op(self._eval_fused, precision, self.gemms)
 
     @property
     def z_dtype(self) -> torch.dtype:
@@ -81,7 +80,7 @@ class TritonGemmBn(TritonVariant):
                                     self.precision, ops.eps, tile_rows=self.params["block_m"], gemms=self.gemms)
             return fused_call(op, x, gemm.weight, gemm.bias, model.scale, bn.weight, bn.bias)
         if needs_grad(x, *model.parameters()):
-            return fused_call(self._eval_op, x, gemm.weight, *gradients.affine_coefficients(model, torch.float32))
+            return gradients.eval_call(self._eval_fused, self.precision, model, x, self.gemms)
         k, shift = self._coefficients.get(eval_dependencies(model), lambda: eval_coefficients(model, x.device, dtype),
                                           extra=(float(bn.eps),))  # fmt: skip
         return self._eval_fused(x, gemm.weight, k, shift, save=False)[0]

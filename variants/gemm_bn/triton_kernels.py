@@ -13,6 +13,7 @@ The passes over z take rows in blocks that lie within one row tile (TILE_ROWS a 
 BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 A bfloat16 model's parameters, running statistics and g are loaded as float32; its output and
 running statistics are stored back in bfloat16.
+``eval_grad_sums`` is eval mode's backward pass.
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
 ``bn_grad_coefficients`` between them (gradients.py); where the forward kept no statistics
 (cuBLAS's z), ``column_grad_stats`` is the first pass and takes them from z in the same read.
@@ -360,3 +361,22 @@ def bn_backward(grad_ptr, z_ptr, shift_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     store_gradient(a * grad + b + c * (z + shift[None, :]), rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS, COLS, SUMS)
+
+
+@triton.jit
+def eval_grad_sums(grad_ptr, z_ptr, k_ptr, dy_ptr, dyt_ptr, part_gz_ptr, part_g_ptr, M, N,
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Eval mode's backward pass: dz = g·k stored as ``store_gradient`` says, and per chunk of
+    BLOCK_R rows Σ g·z and Σ g (the caller adds the chunks)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + cols, mask=col_ok, other=0.0)
+    store_gradient(grad * k[None, :], rows, cols, M, N, dy_ptr, dyt_ptr, part_g_ptr, ROWS, COLS, False)
+    chunk = tl.program_id(0) * N + cols
+    tl.store(part_gz_ptr + chunk, tl.sum(grad * z, axis=0), mask=col_ok)
+    tl.store(part_g_ptr + chunk, tl.sum(grad, axis=0), mask=col_ok)

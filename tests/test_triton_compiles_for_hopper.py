@@ -186,7 +186,7 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
         names.add(fn.__name__)
     assert names, problem
     if (problem, mode) == ("gemm_bn", "eval"):
-        assert "eval_grad_sums" in names, names
+        assert {"eval_grad_sums", "eval_param_grads"} <= names, names
     if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
         assert {"persistent_gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here
 
@@ -234,6 +234,32 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
     assert names == {"matmul_gelu_softmax": {"softmax_grad_rows", "gelu_softmax_backward"},
                      "matmul_clamp_lse_mish": {"clamp_lse_rows", "clamp_lse_backward"},
                      "gemm_bn": {"column_grad_stats", "bn_grad_coefficients", "bn_backward"}}[problem], names
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_bn_eval_with_a_gradient_on_cublas_z_compiles_for_hopper(monkeypatch, dtype, batch):
+    """cublas_epilogue's eval mode with a gradient, a float32 model's and a bfloat16 model's: k,
+    shift and r (``eval_terms``), the output from cuBLAS's z (``eval_apply``, a bfloat16 model's
+    rounded once), and the backward's two launches, at batch 1 (M a constant) and 8."""
+    record = _recording(monkeypatch)
+    gradients = importlib.import_module("autofuse.variants.gemm_bn.gradients")
+    monkeypatch.setattr(gradients, "fused_kernels_apply", _on_any_device)
+    n_in, n_out = SHAPES["gemm_bn"][1:]
+    x, w = torch.randn(batch, n_in).to(dtype), torch.randn(n_out, n_in).to(dtype)
+    bias, scale, gamma, beta, mean = (torch.randn(n_out).to(dtype) for _ in range(5))
+    var = (torch.rand(n_out) + 0.5).to(dtype)
+    k, shift, r = gradients.eval_terms(bias, scale, gamma, beta, mean, var, 1e-5, torch.float32)
+    z = torch.nn.functional.linear(x, w)
+    out = gradients.eval_apply(z, k, shift, dtype)
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    gradients.eval_backward((x, w, z, k, r, bias, scale, gamma, mean), torch.randn_like(out), (True,) * 6, precision)
+    names = set()
+    for fn, args, kwargs in record:
+        kernel = compile_for_hopper(fn, args, dict(kwargs))
+        assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
+        names.add(fn.__name__)
+    assert names == {"eval_terms", "eval_apply", "eval_grad_sums", "eval_param_grads"}, names
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),

@@ -74,7 +74,7 @@ def backward_kernels() -> list[str]:
     ones against the formula from the logits, bfloat16 ones against the same formula); and
     gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
     then gemm_bn's per-column coefficients from either z, and from z alone (statistics taken in
-    the same pass: float32, bfloat16, and far from 0)."""
+    the same pass: float32, bfloat16, and far from 0); and gemm_bn's eval mode (``_eval_mode``)."""
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
     from autofuse.variants.matmul_gelu_softmax import gradients as g99
@@ -158,7 +158,8 @@ def backward_kernels() -> list[str]:
         k = torch.randn(n, generator=generator)
         for (z, g), lay in itertools.product(((y, grad), (y.bfloat16(), grad.bfloat16())), layouts):
             run = lambda: gbn.eval_grad_sums(g, z, k, lay)  # noqa: E731
-            (got, got_gz, got_g), (want, want_gz, want_g) = run(), torch_formula(run)
+            (got, got_parts), (want, want_parts) = run(), torch_formula(run)
+            (got_gz, got_g), (want_gz, want_g) = got_parts.sum(1), want_parts.sum(1)
             case = f"eval_grad_sums {(m, n)} {str(z.dtype)[6:]} rows={lay.rows} cols={lay.cols} {str(lay.dtype)[6:]}"
             for part, value, expected in (("dy", got.dy, want.dy), ("dyT", got.dy_t, None if want.dy is None else want.dy.t()),
                                           ("Σ g·z", got_gz, want_gz), ("Σ g", got_g, want_g)):
@@ -167,6 +168,7 @@ def backward_kernels() -> list[str]:
                     failures.append(f"{case}: {part} {'missing' if value is None else 'not asked for'}")
                 elif value is not None:
                     compare(f"{case} {part}", value, expected)
+        _eval_mode(gbn, y, generator, compare, torch_formula, failures)
         # z alone (cublas_epilogue's: float32, or a bfloat16 model's y; also far from 0, where
         # torch's formula in float32 loses C to the rounding of z − μ, and with a first row 10⁴
         # times the rest, inside the first chunk's reference rows): the pass takes μ and σ²
@@ -222,6 +224,34 @@ def backward_kernels() -> list[str]:
     if not error < 3e-7:
         failures.append(f"gelu_softmax on nearly one-hot rows: relative error {error:.3g} > 3e-7 against float64")
     return failures
+
+
+def _eval_mode(gbn, y, generator, compare, torch_formula, failures):
+    """gemm_bn's eval mode with a gradient: k, shift and r, the output from z = ``y`` and the
+    parameters' gradients (from three chunks of sums), a float32 model's and a bfloat16 model's
+    (k, shift and r in float32, the output and the gradients in bfloat16), with b, γ and β and
+    without, each against its torch formula."""
+    n = y.shape[1]
+    for dtype, affine in itertools.product((torch.float32, torch.bfloat16), (True, False)):
+        def vector(low=-1.0, dtype=dtype):
+            return (2 * torch.rand(n, generator=generator) + low).to(dtype)
+
+        bias, gamma, beta = (vector(), vector(0.5), vector()) if affine else (None, None, None)
+        scale, mean, var = vector(), vector(), vector(0.5)
+        terms = lambda: gbn.eval_terms(bias, scale, gamma, beta, mean, var, 1e-5, torch.float32)  # noqa: E731
+        case = f"eval {tuple(y.shape)} {str(dtype)[6:]} {'with' if affine else 'without'} b, γ, β"
+        (k, shift, r), want = terms(), torch_formula(terms)
+        for part, got, expected in zip(("k", "shift", "r"), (k, shift, r), want, strict=True):
+            compare(f"{case}: {part}", got, expected)
+        z = y.to(dtype)
+        output = lambda: gbn.eval_apply(z, k, shift, dtype)  # noqa: E731
+        parts = torch.randn(2, 3, n, generator=generator)
+        grads = lambda: gbn.eval_param_grads(parts, k, r, bias, scale, gamma, mean)  # noqa: E731
+        for part, run in (("output", output), ("db, ds, dγ, dβ", grads)):
+            got = run()
+            if got.dtype != dtype:
+                failures.append(f"{case}: {part} is {got.dtype}, want {dtype}")
+            compare(f"{case}: {part}", got, torch_formula(run))
 
 
 def _bn_coefficients_float64(grad, z, scale, gamma, eps):

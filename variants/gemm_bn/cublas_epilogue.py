@@ -214,13 +214,13 @@ class CublasEpilogueGemmBn(CudaVariant):
     def _eval_fused(self, x, weight, k, shift, save):
         if weight.dtype is torch.bfloat16:
             z = bfloat16_model_linear(self, x, weight, None, "gemm")
-            return torch.addcmul(shift, z, k).bfloat16(), ((x, weight, z, k) if save else ())
+            return gradients.eval_apply(z, k, shift, torch.bfloat16), ((x, weight, z, k) if save else ())
         n_out, n_in = weight.shape
         x = input_operand(x, n_in)
         w = operand(weight, "gemm.weight", (n_out, n_in), x.device)
         w = self.gemm_weight(weight) if self.precision == "bf16" else w
         z = linear(x, w, None, self.precision)
-        return torch.addcmul(shift, z, k), ((x, w, z, k) if save else ())
+        return gradients.eval_apply(z, k, shift, torch.float32), ((x, w, z, k) if save else ())
 
     @staticmethod
     def _fold(model, w, device, dtype=torch.float32):

@@ -22,9 +22,10 @@ the mean's subtraction would turn into a large error in ŷ.
 
 Eval (running statistics). out = z·k + shift per column, with r = 1/√(running_var + eps),
 k = s·γ·r and shift = (b·s − running_mean)·γ·r + β, computed from the parameters outside
-autograd (``eval_op``; torch's formula recorded a dozen autograd nodes a call, each host time
-before the GPU had the step). With dk = Σ_rows g·z and dshift = Σ_rows g (one pass over g and z,
-which also writes dz = g·k: ``eval_grad_sums``):
+autograd (``eval_op``, with ``eval_terms``: one launch; torch's formula recorded a dozen autograd
+nodes a call, each host time before the GPU had the step). With dk = Σ_rows g·z and
+dshift = Σ_rows g (one pass over g and z, which also writes dz = g·k: ``eval_grad_sums``; the
+chunks' sums added by ``eval_param_grads``, one launch for the four vectors below):
     db = k·dshift,  ds = γ·r·(dk + b·dshift),  dγ = r·(s·dk + (b·s − running_mean)·dshift),
     dβ = dshift,  dx = dz·W,  dW = dzᵀ·x.
 The running statistics get no gradient, as in PyTorch. Saved: x, the weight operand, z (None:
@@ -163,10 +164,11 @@ def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | N
     return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
 
 
-def eval_grad_sums(grad, z, k, layouts: GradLayouts) -> tuple[GemmGrad, torch.Tensor, torch.Tensor]:
-    """(dz = g·k in ``layouts``, Σ_rows g·z, Σ_rows g), the sums in float32: one pass over g and z
+def eval_grad_sums(grad, z, k, layouts: GradLayouts) -> tuple[GemmGrad, torch.Tensor]:
+    """(dz = g·k in ``layouts``, parts): parts[0] and parts[1] hold Σ g·z and Σ g over rows per
+    chunk of rows, float32, (2, chunks, N), summed by ``eval_param_grads``. One pass over g and z
     (a Triton kernel where it can run), where torch took one per operation (g and z to float32,
-    the products, dz's rounding, each sum)."""
+    the products, dz's rounding, each sum); torch's parts are one chunk."""
     if _kernels_apply(grad, z, k):
         (m, n), (rows, cols) = grad.shape, BACKWARD_BLOCK
         chunks = -(-m // rows)
@@ -175,11 +177,32 @@ def eval_grad_sums(grad, z, k, layouts: GradLayouts) -> tuple[GemmGrad, torch.Te
         _kernels().eval_grad_sums[(chunks, -(-n // cols))](grad, z, k, buffers.dy, buffers.dy_t, *parts, m, n,
                                                            BLOCK_R=rows, BLOCK_C=cols, ROWS=layouts.rows,
                                                            COLS=layouts.cols)
-        sum_gz, sum_g = parts.sum(1).unbind(0)
-        return buffers.result(), sum_gz, sum_g
+        return buffers.result(), parts
     acc = torch.promote_types(z.dtype, torch.float32)  # a bfloat16 model's g and z: products in float32
     g = grad.to(acc)
-    return GemmGrad.of(g * k, layouts), reduce_rows(g * z.to(acc)), reduce_rows(grad)
+    return GemmGrad.of(g * k, layouts), torch.stack([reduce_rows(g * z.to(acc)), reduce_rows(g)])[:, None]
+
+
+def eval_param_grads(parts, k, r, bias, scale, gamma, mean) -> torch.Tensor:
+    """(db, ds, dγ, dβ) as the rows of a (4, N) tensor in the parameters' dtype, from
+    ``eval_grad_sums``'s parts (dk = Σ g·z, dshift = Σ g) by the chain rule of the module's
+    docstring: one Triton launch where it can run, else torch."""
+    present = [t for t in (bias, gamma) if t is not None]
+    if _kernels_apply(parts, k, r, scale, mean, *present):
+        n, (block_p, block_c) = k.shape[0], COEFFICIENT_BLOCK
+        grads = torch.empty(4, n, device=k.device, dtype=scale.dtype)
+        _kernels().eval_param_grads[(-(-n // block_c),)](
+            *parts, k, r, bias if bias is not None else scale, scale, gamma if gamma is not None else scale, mean,
+            grads, n, parts.shape[1], BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
+            HAS_GAMMA=gamma is not None, ROUND=grads.dtype == torch.bfloat16)  # fmt: skip
+        return grads
+    dk, dshift = parts.sum(1)
+    acc, dtype = k.dtype, scale.dtype
+    scale = scale.to(acc)
+    gamma_r = r * gamma.to(acc) if gamma is not None else r
+    offset = bias.to(acc) * scale - mean.to(acc) if bias is not None else -mean.to(acc)  # b·s − running mean
+    ds = gamma_r * (dk + bias.to(acc) * dshift if bias is not None else dk)
+    return torch.stack([k * dshift, ds, r * (scale * dk + offset * dshift), dshift]).to(dtype)
 
 
 def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
@@ -188,16 +211,37 @@ def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
     x, weight, z, k, r, bias, scale, gamma, mean = saved
     if z is None:
         z = linear(x, weight, None, precision)
-    dz, dk, dshift = eval_grad_sums(grad, z, k, gemms.layouts(precision, needs[0], needs[1], False))
+    dz, parts = eval_grad_sums(grad, z, k, gemms.layouts(precision, needs[0], needs[1], False))
+    params = eval_param_grads(parts, k, r, bias, scale, gamma, mean)
     dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
-    acc = k.dtype
-    scale = scale.to(acc)
-    gamma_r = r * gamma.to(acc) if gamma is not None else r
-    offset = bias.to(acc) * scale - mean.to(acc) if bias is not None else -mean.to(acc)  # b·s − running mean
-    db = k * dshift if needs[2] else None
-    ds = gamma_r * (dk + bias.to(acc) * dshift if bias is not None else dk) if needs[3] else None
-    dgamma = r * (scale * dk + offset * dshift) if needs[4] else None
-    return dx, dw, db, ds, dgamma, dshift if needs[5] else None
+    return dx, dw, *(grad if need else None for grad, need in zip(params, needs[2:], strict=True))
+
+
+def eval_terms(bias, scale, gamma, beta, mean, var, eps: float, dtype: torch.dtype | None = None):
+    """``eval_affine``'s (k, shift, r) outside autograd: one Triton launch (float32) where it can
+    run, where torch took a dozen kernels of 1-2 µs each, else ``eval_affine``."""
+    present = [t for t in (bias, gamma, beta) if t is not None]
+    if (dtype or scale.dtype) == torch.float32 and _kernels_apply(scale, mean, var, *present):
+        n = scale.shape[0]
+        terms = torch.empty(3, n, device=scale.device)
+        _kernels().eval_terms[(-(-n // 1024),)](
+            *(t if t is not None else scale for t in (bias, scale, gamma, beta)), mean, var, terms, eps, n,
+            BLOCK_C=1024, HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None)
+        return terms.unbind(0)
+    return eval_affine(bias, scale, gamma, beta, mean, var, eps, dtype)
+
+
+def eval_apply(z, k, shift, dtype: torch.dtype) -> torch.Tensor:
+    """Eval mode's output z·k + shift (float32 k and shift), computed in float32 and stored in
+    ``dtype``: one Triton pass where it can run; torch took three for a bfloat16 model's z
+    (to float32, addcmul, to bfloat16: 0.10 ms of a 0.52 ms step at 1024×8192², H100)."""
+    if _kernels_apply(z, k, shift) and k.dtype == torch.float32:
+        (m, n), (rows, cols) = z.shape, BACKWARD_BLOCK
+        out = torch.empty(m, n, device=z.device, dtype=dtype)
+        _kernels().eval_apply[(-(-m // rows), -(-n // cols))](z, k, shift, out, m, n, BLOCK_R=rows, BLOCK_C=cols,
+                                                              ROUND=dtype == torch.bfloat16)
+        return out
+    return torch.addcmul(shift, z, k).to(dtype)
 
 
 def eval_affine(bias, scale, gamma, beta, mean, var, eps: float, dtype: torch.dtype | None = None):
@@ -242,7 +286,7 @@ def eval_op(forward, precision: str, running_mean, running_var, eps: float, gemm
     (out, (x, weight operand, z or None, k))."""
     def op_forward(x, weight, bias, scale, gamma, beta, save):
         dtype = torch.float32 if scale.dtype == torch.bfloat16 else None
-        k, shift, r = eval_affine(bias, scale, gamma, beta, running_mean, running_var, eps, dtype)
+        k, shift, r = eval_terms(bias, scale, gamma, beta, running_mean, running_var, eps, dtype)
         out, saved = forward(x, weight, k, shift, save)
         return out, ((*saved[:3], k, r, bias, scale, gamma, running_mean) if save else ())
 

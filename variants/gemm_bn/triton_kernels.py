@@ -13,7 +13,9 @@ The passes over z take rows in blocks that lie within one row tile (TILE_ROWS a 
 BLOCK_R, or one tile), so each loads one row of shifts (``block_shift``).
 A bfloat16 model's parameters, running statistics and g are loaded as float32; its output and
 running statistics are stored back in bfloat16.
-``eval_grad_sums`` is eval mode's backward pass.
+Eval mode with a gradient (cuBLAS's z): ``eval_terms`` takes k, shift and r from the parameters,
+``eval_apply`` writes the output; its backward pass is ``eval_grad_sums``, then
+``eval_param_grads`` adds the chunks' sums into the parameters' gradients.
 ``column_grad_sums`` and ``bn_backward`` are the training backward's two passes, with
 ``bn_grad_coefficients`` between them (gradients.py); where the forward kept no statistics
 (cuBLAS's z), ``column_grad_stats`` is the first pass and takes them from z in the same read.
@@ -380,3 +382,78 @@ def eval_grad_sums(grad_ptr, z_ptr, k_ptr, dy_ptr, dyt_ptr, part_gz_ptr, part_g_
     chunk = tl.program_id(0) * N + cols
     tl.store(part_gz_ptr + chunk, tl.sum(grad * z, axis=0), mask=col_ok)
     tl.store(part_g_ptr + chunk, tl.sum(grad, axis=0), mask=col_ok)
+
+
+@triton.jit
+def eval_terms(bias_ptr, scale_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr, terms_ptr, eps, N,
+               BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr):
+    """Eval mode's per-column k, shift and r into terms' three rows, in float32 (the operations of
+    ``gradients.eval_affine``, in its order): one launch where torch took a dozen."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cols < N
+    r = 1.0 / tl.sqrt(tl.load(var_ptr + cols, mask=ok, other=1.0).to(tl.float32) + eps)
+    inv_std = r * tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_GAMMA else r
+    k = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32) * inv_std
+    shift = -tl.load(mean_ptr + cols, mask=ok, other=0.0).to(tl.float32) * inv_std
+    if HAS_BIAS:
+        shift += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32) * k
+    if HAS_BETA:
+        shift += tl.load(beta_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(terms_ptr + cols, k, mask=ok)
+    tl.store(terms_ptr + N + cols, shift, mask=ok)
+    tl.store(terms_ptr + 2 * N + cols, r, mask=ok)
+
+
+@triton.jit
+def eval_apply(z_ptr, k_ptr, shift_ptr, out_ptr, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               ROUND: tl.constexpr):
+    """Eval mode's output from z (cuBLAS's, float32 or a bfloat16 model's): z·k + shift per column in
+    float32, rounded to bfloat16 once where ROUND (the output's dtype)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + cols, mask=col_ok, other=0.0)
+    shift = tl.load(shift_ptr + cols, mask=col_ok, other=0.0)
+    out = z * k[None, :] + shift[None, :]
+    tl.store(out_ptr + offsets, bfloat16_round(out) if ROUND else out, mask=mask)
+
+
+@triton.jit
+def eval_param_grads(part_gz_ptr, part_g_ptr, k_ptr, r_ptr, bias_ptr, scale_ptr, gamma_ptr, mean_ptr, grads_ptr,
+                     N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_GAMMA: tl.constexpr, ROUND: tl.constexpr):
+    """Eval mode's parameter gradients from ``eval_grad_sums``'s chunks, dk = Σ g·z and
+    dshift = Σ g, into grads' four rows (db, ds, dγ, dβ; see gradients.py), in the parameters'
+    dtype: one launch where torch took a dozen, and the casts autograd adds for a bfloat16 model's."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cols < N
+    dk = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    dshift = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        chunks = start + tl.arange(0, BLOCK_P)
+        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        dk += tl.sum(tl.load(part_gz_ptr + offsets, mask=mask, other=0.0), axis=0)
+        dshift += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
+    k = tl.load(k_ptr + cols, mask=ok, other=0.0)
+    r = tl.load(r_ptr + cols, mask=ok, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    offset = -tl.load(mean_ptr + cols, mask=ok, other=0.0).to(tl.float32)  # b·s − running mean
+    dk_total = dk
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        offset += bias * scale
+        dk_total += bias * dshift
+    gamma_r = r * tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_GAMMA else r
+    store_row(grads_ptr, cols, ok, k * dshift, ROUND)
+    store_row(grads_ptr + N, cols, ok, gamma_r * dk_total, ROUND)
+    store_row(grads_ptr + 2 * N, cols, ok, r * (scale * dk + offset * dshift), ROUND)
+    store_row(grads_ptr + 3 * N, cols, ok, dshift, ROUND)
+
+
+@triton.jit
+def store_row(ptr, cols, ok, value, ROUND: tl.constexpr):
+    tl.store(ptr + cols, bfloat16_round(value) if ROUND else value, mask=ok)

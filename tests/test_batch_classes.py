@@ -880,3 +880,46 @@ def test_an_unserved_rung_names_each_candidates_configuration_outcome_and_reason
     assert rung.entry is None
     said = batch_classes.unserved_rung("p 8x4", DispatchKey("float32", "fp32", "any", False), rung)
     assert "at batch 16;" in said and "eager[]: incorrect (wrong)" in said and "simplified[]: runtime_failed (it crashed)" in said
+
+
+class HeldAt:
+    """A table that holds ``entries`` (rung shape key → entry) under every device and key."""
+
+    def __init__(self, entries: dict):
+        self.entries = entries
+
+    def lookup(self, fingerprint_key, problem, shape_key, dispatch_key):
+        return self.entries.get(shape_key)
+
+
+def test_a_retune_races_the_entry_the_table_holds_at_each_rung(with_compiled):
+    """A rung races the table's own entry there (an earlier tune's choice) beside the winner at B and
+    the simplest: without it, gemm_bn's bfloat16-model eval step at 8 and 64 rows went from
+    `compiled` (0.1082 and 0.1141 ms) to `cublas_epilogue` (0.1183 and 0.1201), the only kind the
+    re-tune raced there besides eager and simplified (H100). An entry equal to a candidate raced
+    anyway (its params in another order) is raced once; one whose variant the tune does not offer,
+    not at all."""
+    from autofuse.serve.table import shape_key
+    from autofuse.tuning.outcome import Job
+
+    prob = registry.get_problem("gemm_bn")
+    tuned = {"batch_size": 1024, "in_features": 8192, "out_features": 8192}
+    strip = {"strip_cols": 32, "block": 1024}
+    spaces = {"cublas_epilogue": registry.get_variant(prob.name, "cublas_epilogue").configs(tuned, "cuda"),
+              "compiled": [{"mode": "default", "dynamic": False}], "eager": [{}], "simplified": [{}]}
+    entry = {"variant": "cublas_epilogue", "params": strip, "median_ms": 0.40, "candidates": {}}
+    job = Job(prob.name, tuned, "cuda", "bfloat16", "bf16", "eval", 1)
+    key = DispatchKey("bfloat16", "bf16", "eval", False)
+    fingerprint = {"kind": "cuda", "name": "X", "capability": 9.0, "sm_count": 132, "cuda": "13.0", "torch": "2.11"}
+    searched = batch_classes.Searched({}, spaces, "study", kept=False)
+    held = {8: {"variant": "compiled", "params": {"dynamic": False, "mode": "default"}, "rung_of": shape_key(tuned)},
+            64: {"variant": "cublas_epilogue", "params": {"block": 1024, "strip_cols": 32}, "rung_of": shape_key(tuned)},
+            512: {"variant": "gone_since", "params": {}, "rung_of": shape_key(tuned)}}
+    table = HeldAt({shape_key(batch_classes.rung_shape(prob, tuned, b)): e for b, e in held.items()})
+
+    [(_, dkey, _, rungs)] = batch_classes._plan(prob, tuned, job, key, fingerprint, table, (None, entry),
+                                                BUDGETS["quick"], searched)
+    raced = {at["batch_size"]: [(c.variant, c.params) for c in candidates] for at, candidates in rungs}
+    assert dkey.autograd and ("compiled", held[8]["params"]) in raced[8]
+    assert [v for v, _ in raced[64]].count("cublas_epilogue") == 1 and "compiled" not in dict(raced[64])
+    assert {v for v, _ in raced[512]} == {"cublas_epilogue", "eager", "simplified"}

@@ -8,7 +8,8 @@ below B, for the forward 32, and 128 and 256 under bf16 and tf32, and 2B: ``rung
 a handful of candidates at that batch: the winner's configuration first, the study's next
 fastest, each other fused variant's best at B within the budget's ``prune`` of the winner
 (``other_kinds``; a training step's rungs at one row only), small-tile seeds below
-``SMALL_BATCH`` (the variant's ``small_batch_seeds``), the simplest variants, and, where the
+``SMALL_BATCH`` (the variant's ``small_batch_seeds``), the entry the table already holds at the
+rung (an earlier tune's choice: ``rung_candidates``), the simplest variants, and, where the
 winner's operands pass only where gated, its variant at the next stricter precision. Each is
 timed at the rung's shape, then gated fastest first as a trial is (``evaluate``; under ``quick``
 only within reach of the best gated, ``run_rung``), the best few re-timed against eager
@@ -161,11 +162,16 @@ def other_kinds(winner: dict, spaces: dict, budget: Budget, variants: dict) -> l
 
 
 def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, precision: str,
-                    budget: Budget, mode: str = "any") -> list[Candidate]:
+                    budget: Budget, mode: str = "any", incumbent: Candidate | None = None) -> list[Candidate]:
     """What the rung at ``shape`` races, each valid there and once: the winner first (gated first
     where timings tie, and always under the ``full`` budget; its variant's first configuration
-    there where its own does not hold the rung, ``_winner_at``). At a rung whose calls the runtime
-    replays as CUDA graphs (``graphs.replayed_key``), only ``capturable`` candidates where any is:
+    there where its own does not hold the rung, ``_winner_at``). ``incumbent``: the table's entry
+    at the rung (``_incumbent``), raced again so that a re-tune keeps it where it is still the
+    fastest: re-tuned after `cublas_epilogue` took gemm_bn's bfloat16-model step at B, the eval
+    step's rungs at 8 and 64 rows raced it and the simplest only and took `cublas_epilogue` at
+    0.1183 and 0.1201 ms, where the table held `compiled` at 0.1082 and 0.1141 (H100, tuner's
+    times; a training step's rungs race the other kinds at one row only, below). At a rung whose
+    calls the runtime replays as CUDA graphs (``graphs.replayed_key``), only ``capturable`` candidates where any is:
     the race times the GPU, and a replay costs the host one to three launches, while a call that cannot
     be captured pays its whole host path on top (H100, gemm_bn training 32×4096² bf16: a
     ``compiled`` entry, 32 µs of GPU time, took 411 µs of wall a call)."""
@@ -189,12 +195,15 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
     # ms against 0.1648 for the winner at B, `compiled` (H100). At 8 rows `compiled` still led (0.1126
     # against 0.1315), and each step raced costs a rung seconds (a compile, a gate with gradients).
     runners = ladder.runners_up if not ladder.winner.autograd or shape[problem.batch_dim] == 1 else []
-    chosen, labels = [], set()
-    for candidate in [_winner_at(ladder.winner, variants, shape, device_type, precision), *runners, *seeds, *stricter,
-                      *ladder.simplest]:
-        if candidate.label() not in labels and _valid(variants[candidate.variant], candidate.params, shape, device_type):
+    held = [incumbent] if incumbent is not None and incumbent.variant in ladder.spaces else []
+    chosen, seen = [], set()
+    for candidate in [_winner_at(ladder.winner, variants, shape, device_type, precision), *runners, *held, *seeds,
+                      *stricter, *ladder.simplest]:
+        # by value: a table's entry lists its params in its own order
+        same = (candidate.variant, tuple(sorted(candidate.params.items())), candidate.precision, candidate.autograd)
+        if same not in seen and _valid(variants[candidate.variant], candidate.params, shape, device_type):
             chosen.append(candidate)
-            labels.add(candidate.label())
+            seen.add(same)
     if graphs.replayed_key(shape[problem.batch_dim], on, ladder.winner.autograd, mode, problem.training_updates):
         capturable = [c for c in chosen if variants[c.variant].capturable]
         chosen = capturable or chosen
@@ -490,9 +499,19 @@ def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, se
                  if only is None or b in only]
         rungs = [at for at in rungs if not _rung_done(table, fingerprint, prob, at, dkey, shape, searched)]
         work.append((entry, dkey, ladder,
-                     [(at, rung_candidates(ladder, prob, at, job.device, job.precision, budget, job.mode))
+                     [(at, rung_candidates(ladder, prob, at, job.device, job.precision, budget, job.mode,
+                                           _incumbent(table, fingerprint, prob, at, dkey)))
                       for at in rungs]))
     return work
+
+
+def _incumbent(table, fingerprint, prob, at: dict, dkey) -> Candidate | None:
+    """The candidate of the entry the table holds at the rung ``at`` (an earlier tune's choice
+    there), or None where it holds none that can serve."""
+    held = _held(table, fingerprint, prob, at, dkey)
+    if held is None or bad_entry(held):
+        return None
+    return Candidate(held["variant"], dict(held.get("params") or {}), dkey.autograd, held.get("runs_at"))
 
 
 def _rung_items(prob, shape, dkey, fingerprint, ladder, done, study_name, seed) -> list[tuple]:

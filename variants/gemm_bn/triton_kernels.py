@@ -209,15 +209,21 @@ def bn_normalize(z_ptr, out_ptr, shift_ptr, coef_ptr, beta_ptr, M, N, TILE_ROWS,
 
 
 @triton.jit
+def row_major_tile(M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's BLOCK_R × BLOCK_C tile of a row-major M × N matrix: its rows, its columns,
+    which columns lie inside, the tile's mask and its elements' offsets."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    return rows, cols, col_ok, (rows < M)[:, None] & col_ok[None, :], rows[:, None].to(tl.int64) * N + cols[None, :]
+
+
+@triton.jit
 def column_grad_sums(grad_ptr, z_ptr, shift_ptr, part_g_ptr, part_gc_ptr, M, N, TILE_ROWS,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Per chunk of BLOCK_R rows: Σ g and Σ g·(z − μ) for BLOCK_C columns (the caller adds the
     chunks: deterministic, where atomics would add in any order)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, col_ok, mask, offsets = row_major_tile(M, N, BLOCK_R, BLOCK_C)
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     shift = block_shift(shift_ptr, cols, col_ok, N, TILE_ROWS, BLOCK_R)
     centred = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + shift[None, :]
@@ -276,6 +282,23 @@ def chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P: tl.constexpr
 
 
 @triton.jit
+def chunk_sums(a_ptr, b_ptr, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+               A_ONLY: tl.constexpr):
+    """Per column, the sums over the chunks of two (chunks × N) matrices of partials, at a_ptr and
+    b_ptr (A_ONLY: a_ptr's alone, b's sums zero), BLOCK_P chunks at a time."""
+    sum_a = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sum_b = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        chunks = start + tl.arange(0, BLOCK_P)
+        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
+        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        sum_a += tl.sum(tl.load(a_ptr + offsets, mask=mask, other=0.0), axis=0)
+        if not A_ONLY:
+            sum_b += tl.sum(tl.load(b_ptr + offsets, mask=mask, other=0.0), axis=0)
+    return sum_a, sum_b
+
+
+@triton.jit
 def merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, cols, ok, M, N, CHUNKS,
                       CHUNK_ROWS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """(μ, σ² biased, C = Σ g·(z − μ)) per column from ``column_grad_stats``'s chunks (n_c rows
@@ -316,15 +339,7 @@ def bn_grad_coefficients(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, par
     shift_ptr for ``bn_backward``; else σ² is read from var_ptr."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = cols < N
-    sum_g = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    sum_gc = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for start in range(0, CHUNKS, BLOCK_P):
-        chunks = start + tl.arange(0, BLOCK_P)
-        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
-        sum_g += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
-        if not STATS:
-            sum_gc += tl.sum(tl.load(part_gc_ptr + offsets, mask=mask, other=0.0), axis=0)
+    sum_g, sum_gc = chunk_sums(part_g_ptr, part_gc_ptr, cols, ok, N, CHUNKS, BLOCK_P, BLOCK_C, STATS)
     if STATS:
         mean, var, sum_gc = merged_statistics(part_g_ptr, part_gc_ptr, part_ref_ptr, part_m2_ptr, part_r_ptr, cols, ok,
                                               M, N, CHUNKS, CHUNK_ROWS, BLOCK_P, BLOCK_C)
@@ -351,11 +366,7 @@ def bn_backward(grad_ptr, z_ptr, shift_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, dyt_ptr
                 SUMS: tl.constexpr):
     """dz = a·g + b + c·(z − μ) per column (a = sγr, b = −sγr·S/n, c = −sγr·s²r²·C/n), stored as
     ``store_gradient`` says."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, col_ok, mask, offsets = row_major_tile(M, N, BLOCK_R, BLOCK_C)
     a = tl.load(a_ptr + cols, mask=col_ok, other=0.0)[None, :]
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)[None, :]
@@ -370,11 +381,7 @@ def eval_grad_sums(grad_ptr, z_ptr, k_ptr, dy_ptr, dyt_ptr, part_gz_ptr, part_g_
                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Eval mode's backward pass: dz = g·k stored as ``store_gradient`` says, and per chunk of
     BLOCK_R rows Σ g·z and Σ g (the caller adds the chunks)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, col_ok, mask, offsets = row_major_tile(M, N, BLOCK_R, BLOCK_C)
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + cols, mask=col_ok, other=0.0)
@@ -409,11 +416,7 @@ def eval_apply(z_ptr, k_ptr, shift_ptr, out_ptr, M, N, BLOCK_R: tl.constexpr, BL
                ROUND: tl.constexpr):
     """Eval mode's output from z (cuBLAS's, float32 or a bfloat16 model's): z·k + shift per column in
     float32, rounded to bfloat16 once where ROUND (the output's dtype)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < N
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, col_ok, mask, offsets = row_major_tile(M, N, BLOCK_R, BLOCK_C)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + cols, mask=col_ok, other=0.0)
     shift = tl.load(shift_ptr + cols, mask=col_ok, other=0.0)
@@ -430,14 +433,7 @@ def eval_param_grads(part_gz_ptr, part_g_ptr, k_ptr, r_ptr, bias_ptr, scale_ptr,
     dtype: one launch where torch took a dozen, and the casts autograd adds for a bfloat16 model's."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = cols < N
-    dk = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    dshift = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for start in range(0, CHUNKS, BLOCK_P):
-        chunks = start + tl.arange(0, BLOCK_P)
-        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
-        dk += tl.sum(tl.load(part_gz_ptr + offsets, mask=mask, other=0.0), axis=0)
-        dshift += tl.sum(tl.load(part_g_ptr + offsets, mask=mask, other=0.0), axis=0)
+    dk, dshift = chunk_sums(part_gz_ptr, part_g_ptr, cols, ok, N, CHUNKS, BLOCK_P, BLOCK_C, False)
     k = tl.load(k_ptr + cols, mask=ok, other=0.0)
     r = tl.load(r_ptr + cols, mask=ok, other=0.0)
     scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)

@@ -214,7 +214,7 @@ def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
     dz, parts = eval_grad_sums(grad, z, k, gemms.layouts(precision, needs[0], needs[1], False))
     params = eval_param_grads(parts, k, r, bias, scale, gamma, mean)
     dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
-    return dx, dw, *(grad if need else None for grad, need in zip(params, needs[2:], strict=True))
+    return dx, dw, *(value if need else None for value, need in zip(params, needs[2:], strict=True))
 
 
 def eval_terms(bias, scale, gamma, beta, mean, var, eps: float, dtype: torch.dtype | None = None):
@@ -265,8 +265,8 @@ def eval_affine(bias, scale, gamma, beta, mean, var, eps: float, dtype: torch.dt
 def affine_coefficients(model, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(k, shift) of eval mode, out = z·k + shift, from the model (``eval_affine``)."""
     gemm, bn = model.gemm, model.bn
-    k, shift, _ = eval_affine(gemm.bias, model.scale, bn.weight, bn.bias, bn.running_mean, bn.running_var,
-                                    bn.eps, dtype)
+    k, shift, _ = eval_affine(gemm.bias, model.scale, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps,
+                              dtype)
     return k, shift
 
 

@@ -438,18 +438,19 @@ def eval_param_grads(part_gz_ptr, part_g_ptr, k_ptr, r_ptr, bias_ptr, scale_ptr,
     r = tl.load(r_ptr + cols, mask=ok, other=0.0)
     scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     offset = -tl.load(mean_ptr + cols, mask=ok, other=0.0).to(tl.float32)  # b·s − running mean
-    dk_total = dk
+    dk_biased = dk  # dk + b·dshift, ds's factor
     if HAS_BIAS:
         bias = tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         offset += bias * scale
-        dk_total += bias * dshift
+        dk_biased += bias * dshift
     gamma_r = r * tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_GAMMA else r
     store_row(grads_ptr, cols, ok, k * dshift, ROUND)
-    store_row(grads_ptr + N, cols, ok, gamma_r * dk_total, ROUND)
+    store_row(grads_ptr + N, cols, ok, gamma_r * dk_biased, ROUND)
     store_row(grads_ptr + 2 * N, cols, ok, r * (scale * dk + offset * dshift), ROUND)
     store_row(grads_ptr + 3 * N, cols, ok, dshift, ROUND)
 
 
 @triton.jit
 def store_row(ptr, cols, ok, value, ROUND: tl.constexpr):
+    """``value`` (float32) stored at ``ptr`` + cols, rounded to bfloat16 to nearest even where ROUND."""
     tl.store(ptr + cols, bfloat16_round(value) if ROUND else value, mask=ok)

@@ -171,10 +171,11 @@ def rung_candidates(ladder: Ladder, problem: Problem, shape: dict, device: str, 
     step's rungs at 8 and 64 rows raced it and the simplest only and took `cublas_epilogue` at
     0.1183 and 0.1201 ms, where the table held `compiled` at 0.1082 and 0.1141 (H100, tuner's
     times; a training step's rungs race the other kinds at one row only, below). At a rung whose
-    calls the runtime replays as CUDA graphs (``graphs.replayed_key``), only ``capturable`` candidates where any is:
-    the race times the GPU, and a replay costs the host one to three launches, while a call that cannot
-    be captured pays its whole host path on top (H100, gemm_bn training 32×4096² bf16: a
-    ``compiled`` entry, 32 µs of GPU time, took 411 µs of wall a call)."""
+    calls the runtime replays as CUDA graphs (``graphs.replayed_key``), only ``capturable``
+    candidates where any is: the race times the GPU, and a replay costs the host one to three
+    launches, while a call that cannot be captured pays its whole host path on top (H100,
+    gemm_bn training 32×4096² bf16: a ``compiled`` entry, 32 µs of GPU time, took 411 µs of wall
+    a call)."""
     device_type = (on := torch.device(device)).type
     variants = registry.variants(problem.name)
     seeds = []
@@ -497,18 +498,17 @@ def _plan(prob, shape, job, key, fingerprint, table, entries, budget: Budget, se
                               budget, autograd)
         rungs = [rung_shape(prob, shape, b) for b in rung_batches(prob, shape, job.mode, job.precision, autograd)
                  if only is None or b in only]
-        rungs = [at for at in rungs if not _rung_done(table, fingerprint, prob, at, dkey, shape, searched)]
+        held = [(at, _held(table, fingerprint, prob, at, dkey)) for at in rungs]  # each a read of the table
         work.append((entry, dkey, ladder,
                      [(at, rung_candidates(ladder, prob, at, job.device, job.precision, budget, job.mode,
-                                           _incumbent(table, fingerprint, prob, at, dkey)))
-                      for at in rungs]))
+                                           _incumbent(there, dkey)))
+                      for at, there in held if not _rung_done(there, shape, searched)]))
     return work
 
 
-def _incumbent(table, fingerprint, prob, at: dict, dkey) -> Candidate | None:
-    """The candidate of the entry the table holds at the rung ``at`` (an earlier tune's choice
+def _incumbent(held: dict | None, dkey) -> Candidate | None:
+    """The candidate of ``held``, the entry the table holds at a rung (an earlier tune's choice
     there), or None where it holds none that can serve."""
-    held = _held(table, fingerprint, prob, at, dkey)
     if held is None or bad_entry(held):
         return None
     return Candidate(held["variant"], dict(held.get("params") or {}), dkey.autograd, held.get("runs_at"))
@@ -545,10 +545,10 @@ def _stricter_params(table, fingerprint, prob, shape, dkey, entry) -> dict | Non
     return dict(held.get("params") or {})
 
 
-def _rung_done(table, fingerprint, prob, at: dict, dkey, shape, searched: Searched) -> bool:
-    """Whether the rung need not run: its batch holds an entry tuned there directly (a search
-    beats a rung's race), or, where nothing new was measured, this study's rung entry."""
-    held = _held(table, fingerprint, prob, at, dkey)
+def _rung_done(held: dict | None, shape, searched: Searched) -> bool:
+    """Whether the rung need not run, from ``held``, the entry the table holds at its batch: one
+    tuned there directly (a search beats a rung's race), or, where nothing new was measured, this
+    study's rung entry."""
     if held is None or bad_entry(held) or held.get("provisional"):
         return False
     if "rung_of" not in held:

@@ -272,12 +272,19 @@ def column_grad_stats(grad_ptr, z_ptr, part_g_ptr, part_gc_ptr, part_ref_ptr, pa
 
 
 @triton.jit
-def chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P: tl.constexpr):
-    """Chunks start … start + BLOCK_P − 1 of a (chunks × N) matrix of partials: their mask, offsets
-    and rows (n_c: CHUNK_ROWS, fewer for the last chunk) as a column."""
+def chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr):
+    """Chunks start … start + BLOCK_P − 1 of a (chunks × N) matrix of partials, at ``cols``: their
+    mask and offsets."""
     chunks = start + tl.arange(0, BLOCK_P)
-    mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-    offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+    return (chunks < CHUNKS)[:, None] & ok[None, :], chunks[:, None].to(tl.int64) * N + cols[None, :]
+
+
+@triton.jit
+def chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P: tl.constexpr):
+    """``chunk_tile``'s mask and offsets, and the chunks' rows (n_c: CHUNK_ROWS, fewer for the last
+    chunk) as a column."""
+    mask, offsets = chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P)
+    chunks = start + tl.arange(0, BLOCK_P)
     return mask, offsets, tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
 
 
@@ -289,9 +296,7 @@ def chunk_sums(a_ptr, b_ptr, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C
     sum_a = tl.zeros((BLOCK_C,), dtype=tl.float32)
     sum_b = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for start in range(0, CHUNKS, BLOCK_P):
-        chunks = start + tl.arange(0, BLOCK_P)
-        mask = (chunks < CHUNKS)[:, None] & ok[None, :]
-        offsets = chunks[:, None].to(tl.int64) * N + cols[None, :]
+        mask, offsets = chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P)
         sum_a += tl.sum(tl.load(a_ptr + offsets, mask=mask, other=0.0), axis=0)
         if not A_ONLY:
             sum_b += tl.sum(tl.load(b_ptr + offsets, mask=mask, other=0.0), axis=0)

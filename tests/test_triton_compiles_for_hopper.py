@@ -74,7 +74,8 @@ def _recording(monkeypatch) -> list:
     # may have imported them under TRITON_INTERPRET=1, which makes their kernels Python functions.
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name in ["autofuse.kernels.triton.gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in SHAPES]:
+    problems = [*SHAPES, "gemm_avgpool_gelu_residual"]  # 51: its backward's Triton passes
+    for name in ["autofuse.kernels.triton.gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in problems]:
         monkeypatch.setitem(sys.modules, name, None)
         monkeypatch.delitem(sys.modules, name)
     record = []
@@ -260,6 +261,26 @@ def test_gemm_bn_eval_with_a_gradient_on_cublas_z_compiles_for_hopper(monkeypatc
         assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
     assert names == {"eval_terms", "eval_apply", "eval_grad_sums", "eval_param_grads"}, names
+
+
+@pytest.mark.parametrize("batch", [1, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_avgpool_backward_compiles_for_hopper(monkeypatch, dtype, batch):
+    """51's two backward passes (its forwards are CUDA), a float32 model's and a bfloat16 model's
+    (dW, db and dsubtract rounded to bfloat16 as stored), every gradient asked for, with the
+    forward's r saved and without, at batch 1 (M a constant) and 37."""
+    record = _recording(monkeypatch)
+    gradients = importlib.import_module("autofuse.variants.gemm_avgpool_gelu_residual.gradients")
+    x, grad = torch.randn(batch, 96).to(dtype), torch.randn(batch, 96).to(dtype)
+    w_mean, offset = torch.randn(96), torch.tensor(0.3)
+    for r in (torch.addmv(offset, x.float(), w_mean), None):
+        gradients.fused_backward(x, w_mean, offset, r, grad, (True,) * 4, 80)
+    names = set()
+    for fn, args, kwargs in record:
+        kernel = compile_for_hopper(fn, args, dict(kwargs))
+        assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
+        names.add(fn.__name__)
+    assert names == {"row_gradients", "weight_gradient"}, names
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),

@@ -44,14 +44,15 @@ def backward(saved, grad, needs, n_out: int):
 
 
 def torch_backward(saved, grad, needs, n_out: int):
-    """``backward`` in torch operations, at w̄'s precision (float32, or float64 for float64 models)."""
+    """``backward`` in torch operations, at w̄'s precision (float32, or float64 for float64 models);
+    the parameters' gradients in x's dtype, as ``fused_backward`` gives them."""
     x, w_mean, offset, r = saved
     acc = w_mean.dtype
     r = torch.addmv(offset, x.to(acc), w_mean) if r is None else r.to(acc)
     dr = gelu_grad(r) * grad.to(acc).sum(dim=1)
     dx = (dr[:, None] * w_mean[None, :]).to(x.dtype) if needs[0] else None
-    dw = (dr @ x.to(acc) / n_out).expand(n_out, -1) if needs[1] else None
-    d_bias = (dr.sum() / n_out).expand(n_out) if needs[2] or needs[3] else None
+    dw = (dr @ x.to(acc) / n_out).to(x.dtype).expand(n_out, -1) if needs[1] else None
+    d_bias = (dr.sum() / n_out).to(x.dtype).expand(n_out) if needs[2] or needs[3] else None
     return dx, dw, (d_bias if needs[2] else None), (-d_bias if needs[3] else None)
 
 
@@ -68,9 +69,10 @@ def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = RO
     kernels.row_gradients[(parts,)](x, w_mean, offset, dr if r is None else r, grad, dr if dx is None else dx, dr,
                                     part, m, k, ROWS=rows, BLOCK_K=row_block_k, HAVE_R=r is not None,
                                     NEED_X=bool(needs[0]), num_warps=8)
-    dw = torch.empty(n_out, k, device=device) if needs[1] else None
-    db = torch.empty(n_out, device=device) if needs[2] else None
-    ds = torch.empty(n_out, device=device) if needs[3] else None
+    # the parameters' dtype: x's (the variants take x in the weight's dtype)
+    dw = torch.empty(n_out, k, device=device, dtype=x.dtype) if needs[1] else None
+    db = torch.empty(n_out, device=device, dtype=x.dtype) if needs[2] else None
+    ds = torch.empty(n_out, device=device, dtype=x.dtype) if needs[3] else None
     if dw is not None or db is not None or ds is not None:
         col_tiles = -(-k // w_block_k) if dw is not None else 1
         out_chunk = -(-n_out // out_split)
@@ -78,7 +80,8 @@ def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = RO
         kernels.weight_gradient[(col_tiles, -(-n_out // out_chunk))](
             part, dr, spare if dw is None else dw, spare if db is None else db, spare if ds is None else ds,
             parts, m, k, n_out, out_chunk, 1.0 / n_out, BLOCK_P=32, BLOCK_K=w_block_k, BLOCK_O=w_block_o,
-            NEED_W=dw is not None, NEED_B=db is not None, NEED_S=ds is not None, num_warps=4)
+            NEED_W=dw is not None, NEED_B=db is not None, NEED_S=ds is not None, ROUND=x.dtype == torch.bfloat16,
+            num_warps=4)
     return dx, dw, db, ds
 
 

@@ -15,14 +15,16 @@ to its share of dW's rows; the programs of the first column tile also write db =
 (and dsubtract = −db) for the same rows. Each program merges the partials again, from L2: a
 sixteenth of what it writes at the default blocks, against a third pass and launch.
 
-A bfloat16 model's x and g are loaded as float32 and its dx stored in bfloat16; every sum, dr,
-the partials and dW, db, dsubtract are float32 (autograd rounds those to the parameters' dtype).
+A bfloat16 model's x and g are loaded as float32 and its dx stored in bfloat16; every sum, dr and
+the partials are float32, and dW, db, dsubtract are rounded to bfloat16 as stored (ROUND: the
+parameters' dtype). Stored in float32, autograd cast them after: at (2048, 8192, 8192) a 402 MB
+copy of dW, 0.138 ms of a 0.319 ms step, with dW's float32 writes twice the bytes (H100).
 """
 
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import gelu_grad
+from autofuse.kernels.triton.gemm import bfloat16_round, gelu_grad
 
 
 @triton.jit
@@ -62,7 +64,7 @@ def row_gradients(x_ptr, w_mean_ptr, offset_ptr, r_ptr, grad_ptr, dx_ptr, dr_ptr
 @triton.jit
 def weight_gradient(part_ptr, dr_ptr, dw_ptr, db_ptr, ds_ptr, PARTS, M, K, N_OUT, OUT_CHUNK, inv_n,
                     BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_O: tl.constexpr,
-                    NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_S: tl.constexpr):
+                    NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_S: tl.constexpr, ROUND: tl.constexpr):
     pid_k = tl.program_id(0)
     first = tl.program_id(1) * OUT_CHUNK
     last = tl.minimum(first + OUT_CHUNK, N_OUT)
@@ -73,7 +75,7 @@ def weight_gradient(part_ptr, dr_ptr, dw_ptr, db_ptr, ds_ptr, PARTS, M, K, N_OUT
             p = p0 + tl.arange(0, BLOCK_P)
             mask = (p < PARTS)[:, None] & (cols < K)[None, :]
             v += tl.sum(tl.load(part_ptr + p.to(tl.int64)[:, None] * K + cols[None, :], mask=mask, other=0.0), axis=0)
-        tile = tl.zeros((BLOCK_O, BLOCK_K), dtype=tl.float32) + (v * inv_n)[None, :]
+        tile = rounded(tl.zeros((BLOCK_O, BLOCK_K), dtype=tl.float32) + (v * inv_n)[None, :], ROUND)
         for o0 in range(first, last, BLOCK_O):
             o = o0 + tl.arange(0, BLOCK_O)
             mask = (o < last)[:, None] & (cols < K)[None, :]
@@ -83,10 +85,16 @@ def weight_gradient(part_ptr, dr_ptr, dw_ptr, db_ptr, ds_ptr, PARTS, M, K, N_OUT
         for m0 in range(0, M, BLOCK_P):
             m = m0 + tl.arange(0, BLOCK_P)
             total += tl.load(dr_ptr + m, mask=m < M, other=0.0)
-        db = tl.sum(total, axis=0) * inv_n
+        db = tl.sum(total, axis=0) * inv_n  # −db rounds as db: round to nearest even is symmetric
         for o0 in range(first, last, BLOCK_P):
             o = o0 + tl.arange(0, BLOCK_P)
             if NEED_B:
-                tl.store(db_ptr + o, tl.zeros((BLOCK_P,), dtype=tl.float32) + db, mask=o < last)
+                tl.store(db_ptr + o, rounded(tl.zeros((BLOCK_P,), dtype=tl.float32) + db, ROUND), mask=o < last)
             if NEED_S:
-                tl.store(ds_ptr + o, tl.zeros((BLOCK_P,), dtype=tl.float32) - db, mask=o < last)
+                tl.store(ds_ptr + o, rounded(tl.zeros((BLOCK_P,), dtype=tl.float32) - db, ROUND), mask=o < last)
+
+
+@triton.jit
+def rounded(v, ROUND: tl.constexpr):
+    """``v``, rounded to bfloat16 to nearest even where ROUND (a bfloat16 model's gradients)."""
+    return bfloat16_round(v) if ROUND else v

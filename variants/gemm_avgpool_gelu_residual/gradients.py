@@ -21,11 +21,13 @@ from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
 from ..matmul_gelu_softmax.gradients import gelu_grad
 
-# row_gradients: rows per program and columns per step; weight_gradient: columns per program,
+# row_gradients: rows per program, columns per step and warps; weight_gradient: columns per program,
 # rows per store, and the programs per column tile (each writes out/OUT_SPLIT rows of dW).
 # Chosen on an H100 at (2048, 8192, 8192) by timing each pass's block sizes, the first pass's, then
-# the second's with the best first (fused_backward takes them as parameters for such a sweep).
-ROWS, ROW_BLOCK_K = 16, 1024
+# the second's with the best first (fused_backward takes them as parameters for such a sweep). With
+# bfloat16 x and g, both passes: 104.5 µs against 118.0 for (16, 1024, 8), 113.0 for (8, 1024, 8),
+# 134.2 for (4, 1024, 8) and 130.5 for (8, 512, 4) (interleaved medians of ten configurations).
+ROWS, ROW_BLOCK_K, ROW_WARPS = 8, 2048, 8
 W_BLOCK_K, W_BLOCK_O, OUT_SPLIT = 64, 16, 4
 
 
@@ -57,7 +59,8 @@ def torch_backward(saved, grad, needs, n_out: int):
 
 
 def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = ROWS, row_block_k: int = ROW_BLOCK_K,
-                   w_block_k: int = W_BLOCK_K, w_block_o: int = W_BLOCK_O, out_split: int = OUT_SPLIT):
+                   row_warps: int = ROW_WARPS, w_block_k: int = W_BLOCK_K, w_block_o: int = W_BLOCK_O,
+                   out_split: int = OUT_SPLIT):
     """``backward`` through the two Triton passes (contiguous; x and g float32 or bfloat16); the
     block sizes are parameters so that a sweep can time them (the defaults: ROWS and the others above)."""
     (m, k), device = x.shape, x.device
@@ -68,7 +71,7 @@ def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = RO
     dx = torch.empty_like(x) if needs[0] else None
     kernels.row_gradients[(parts,)](x, w_mean, offset, dr if r is None else r, grad, dr if dx is None else dx, dr,
                                     part, m, k, ROWS=rows, BLOCK_K=row_block_k, HAVE_R=r is not None,
-                                    NEED_X=bool(needs[0]), num_warps=8)
+                                    NEED_X=bool(needs[0]), num_warps=row_warps)
     # the parameters' dtype: x's (the variants take x in the weight's dtype)
     dw = torch.empty(n_out, k, device=device, dtype=x.dtype) if needs[1] else None
     db = torch.empty(n_out, device=device, dtype=x.dtype) if needs[2] else None

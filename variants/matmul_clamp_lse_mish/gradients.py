@@ -48,9 +48,11 @@ GRAD_DTYPES = (torch.float32, torch.bfloat16)
 BACKWARD_BLOCK = (64, 64)
 
 
-# Rows × columns per program and step of ``clamp_lse_rows``: two rows, so at batch 1 the rows'
-# mask stays (Triton makes M = 1 a constant; see the finish inside's INSIDE_ROWS_BF16).
-LSE_BLOCK = (2, 1024)
+# Rows × columns per program and step of ``clamp_lse_rows``, and its warps: two rows, so at batch 1
+# the rows' mask stays (Triton makes M = 1 a constant; see the finish inside's INSIDE_ROWS_BF16).
+# H100, bfloat16 logits, interleaved medians of nine configurations: 16.8 µs at 1024×8192 against
+# 19.2 for (2, 1024, 4 warps), 10.5 against 13.7 at 8 rows, 159 against 158 at 16384.
+LSE_BLOCK = (2, 4096, 8)
 
 
 def clamped_logsumexp(y, t: float, lo: float, hi: float) -> torch.Tensor:
@@ -59,9 +61,10 @@ def clamped_logsumexp(y, t: float, lo: float, hi: float) -> torch.Tensor:
     kept none. One read of y by a Triton kernel where it can run (``clamp_lse_rows``); torch's
     chain of a cast, a product, a clamp and logsumexp's passes reads and writes it about ten times."""
     if fused_kernels_apply(y, dtypes=(torch.float32, torch.bfloat16)):
-        rows, cols = LSE_BLOCK
+        rows, cols, warps = LSE_BLOCK
         z = torch.empty(y.shape[0], 1, device=y.device)
-        _kernels().clamp_lse_rows[(-(-y.shape[0] // rows),)](y, z, t, lo, hi, *y.shape, BLOCK_R=rows, BLOCK_C=cols)
+        _kernels().clamp_lse_rows[(-(-y.shape[0] // rows),)](y, z, t, lo, hi, *y.shape, BLOCK_R=rows, BLOCK_C=cols,
+                                                              num_warps=warps)
         return z
     return torch.logsumexp((y.to(torch.promote_types(y.dtype, torch.float32)) * t).clamp(lo, hi), dim=1, keepdim=True)
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from autofuse.core import registry
+from autofuse.kernels import autograd
 from autofuse.kernels.triton import backward as triton_backward
 from autofuse.kernels.triton import host as triton_host
 from autofuse.kernels.triton import variant as tv
@@ -98,7 +99,7 @@ def recorded_launches(monkeypatch, problem, mode, precision, params, grad, backw
     assert record, f"{problem}: the forward launched no kernel"
     if not backward:
         return record
-    for module in (importlib.import_module(f"autofuse.variants.{problem}.gradients"), triton_backward):
+    for module in (importlib.import_module(f"autofuse.variants.{problem}.gradients"), triton_backward, autograd):
         monkeypatch.setattr(module, "fused_kernels_apply", _on_any_device)
     forward = len(record)
     out.backward(torch.randn_like(out))
@@ -188,6 +189,8 @@ def test_every_backward_kernel_compiles_for_hopper(monkeypatch, problem, mode, p
     assert names, problem
     if (problem, mode) == ("gemm_bn", "eval"):
         assert {"eval_grad_sums", "eval_param_grads"} <= names, names
+    if problem in ("matmul_gelu_softmax", "matmul_clamp_lse_mish"):  # the bias's gradient from the partial sums
+        assert "column_sums" in names, names
     if precision == "fp32":  # split_fp16 (the first configuration) multiplies its backward on float16 parts
         assert {"persistent_gemm", "fp16_col_parts"} <= names, names  # dW: x does not require grad here
 
@@ -217,7 +220,8 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
         pytest.skip("the smallest batch is 2 for gemm_bn's training, 1 for the others")
     record = _recording(monkeypatch)
     gradients = importlib.import_module(f"autofuse.variants.{problem}.gradients")
-    monkeypatch.setattr(gradients, "fused_kernels_apply", _on_any_device)
+    for module in (gradients, autograd):
+        monkeypatch.setattr(module, "fused_kernels_apply", _on_any_device)
     n_in, n_out = SHAPES[problem][1:]
     x, w, b = (torch.randn(*s).bfloat16() for s in ((batch, n_in), (n_out, n_in), (n_out,)))
     y, needs = torch.nn.functional.linear(x, w, b), (True, True, True)
@@ -232,8 +236,8 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
         kernel = compile_for_hopper(fn, args, dict(kwargs))
         assert kernel.metadata.shared <= H100_SHARED, f"{fn.__name__}: {kernel.metadata.shared} bytes of shared memory"
         names.add(fn.__name__)
-    assert names == {"matmul_gelu_softmax": {"softmax_grad_rows", "gelu_softmax_backward"},
-                     "matmul_clamp_lse_mish": {"clamp_lse_rows", "clamp_lse_backward"},
+    assert names == {"matmul_gelu_softmax": {"softmax_grad_rows", "gelu_softmax_backward", "column_sums"},
+                     "matmul_clamp_lse_mish": {"clamp_lse_rows", "clamp_lse_backward", "column_sums"},
                      "gemm_bn": {"column_grad_stats", "bn_grad_coefficients", "bn_backward"}}[problem], names
 
 

@@ -66,7 +66,7 @@ def gate(problem: str, config: str, precisions: str) -> list[str]:
 
 def backward_kernels() -> list[str]:
     """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
-    row sums as ``GradLayouts`` asks for them, at batch 1 and at sizes that end in partial tiles
+    row sums as ``GradLayouts`` asks for them (the latter in the model's dtype), at batch 1 and at sizes that end in partial tiles
     of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
     bfloat16; 99's and 22's also from a bfloat16 model's logits (cublas_epilogue keeps cuBLAS's
     bfloat16 y), and 22's z from the logits where no forward kept it (``clamped_logsumexp``);
@@ -133,6 +133,7 @@ def backward_kernels() -> list[str]:
             "bn_backward z16": lambda lay: gbn._bn_backward(grad, y16, shift16, 16, mean * 2, mean * 0.5, mean * -3,
                                                             lay),
         }
+        MODEL_BF16 = {"gelu_softmax y16", "clamp_lse y16"}  # noqa: N806 - the runs on a bfloat16 model's tensors
         wants = {name: torch_formula(lambda: run(GradLayouts(True, False, True))) for name, run in runs.items()}
         # from float32 q, the formula from the logits themselves
         wants["clamp_lse from q"] = torch_formula(lambda: g22.epilogue_backward(
@@ -146,8 +147,10 @@ def backward_kernels() -> list[str]:
                 if (value is not None) != asked:
                     failures.append(f"{case}: {part} {'missing' if value is None else 'not asked for'}")
                 elif value is not None:
-                    if part != "bias" and value.dtype != lay.dtype:
-                        failures.append(f"{case}: {part} is {value.dtype}, want {lay.dtype}")
+                    # dy and dyᵀ in the layouts' dtype; the bias's (``column_sums``) in the model's, ∂L/∂out's
+                    dtype = lay.dtype if part != "bias" else torch.bfloat16 if name in MODEL_BF16 else torch.float32
+                    if value.dtype != dtype:
+                        failures.append(f"{case}: {part} is {value.dtype}, want {dtype}")
                     compare(f"{case} {part}", value, expected)
         var = y.var(0, unbiased=False)
         scale, gamma = torch.randn(n, generator=generator), torch.rand(n, generator=generator) + 0.5

@@ -79,7 +79,7 @@ def epilogue_backward(y, z, grad, t: float, lo: float, hi: float, layouts: GradL
         buffers = GradBuffers(layouts, y.shape[0], y.shape[1], rows, y.device)
         _kernels().clamp_lse_backward[(-(-y.shape[0] // rows), -(-y.shape[1] // cols))](
             y, z, grad, **buffers.args, t=t, lo=lo, hi=hi, M=y.shape[0], N=y.shape[1], BLOCK_R=rows, BLOCK_C=cols)
-        return buffers.result()
+        return buffers.result(grad.dtype)  # the bias's: the model's dtype, as out's
     acc = torch.promote_types(z.dtype, torch.float32)
     gz = grad.to(acc) * output_grad(z.to(acc))
     v = y.to(acc) * t
@@ -106,7 +106,7 @@ def epilogue_backward_from_q(q, part_max, z, grad, t: float, tile_n: int, layout
         _kernels().clamp_lse_backward_from_q[grid](
             q, part_max, z, grad, **buffers.args, t=t, M=q.shape[0], N=q.shape[1], PARTS=part_max.shape[1],
             TILE_N=tile_n, BLOCK_R=rows, BLOCK_C=cols)
-        return buffers.result()
+        return buffers.result(grad.dtype)  # the bias's: the model's dtype, as out's
     acc = torch.promote_types(z.dtype, torch.float32)
     m = part_max.to(acc).repeat_interleave(tile_n, dim=1)[:, :q.shape[1]]
     q = q.to(acc)

@@ -69,7 +69,7 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
         buffers = GradBuffers(layouts, m, n, rows, out.device)
         kernels.gelu_softmax_backward[(-(-m // rows), -(-n // cols))](
             y, out, grad, top, rest, total, **buffers.args, M=m, N=n, BLOCK_R=rows, BLOCK_C=cols)
-        return buffers.result()
+        return buffers.result(grad.dtype)  # the bias's: the model's dtype, as out's
     acc = torch.promote_types(out.dtype, torch.float32)
     out, grad = out.to(acc), grad.to(acc)
     top = out.argmax(dim=1, keepdim=True)

@@ -717,6 +717,22 @@ def store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS: tl.con
 
 
 @triton.jit
+def column_sums(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr):
+    """out = Σ over the P rows of part (P × N, float32: ``store_gradient``'s SUMS), in out's dtype,
+    rounded to bfloat16 as torch rounds it (ROUND): a bias's gradient in its own dtype, one launch."""
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    total = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_ok[None, :]
+        total += tl.sum(tl.load(part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0), axis=0)
+    if ROUND:
+        total = bfloat16_round(total)
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def exp_nonpositive(x):
     """exp(x) for x ≤ 0 (a softmax's or log-sum-exp's x − max) to float32 accuracy, NaN kept.
 

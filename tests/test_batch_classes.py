@@ -689,6 +689,41 @@ def test_the_gaps_script_lists_ladders_that_lack_a_rung_and_the_tune_that_races_
     assert script.missing_rungs(doc) == [("matmul_gelu_softmax", at(1024), half, ["eager", "simplified"], [128, 256])]
 
 
+def test_the_gaps_script_lists_step_rungs_timed_before_a_date_and_the_tune_that_races_them_again(tmp_path, capsys):
+    """``--timed-before``: a family whose training-step rungs at 8 and 512 rows were timed before the
+    date (one without a date counts as before) is listed with a ``--rungs 8,512`` tune that keeps its
+    autograd entry; its forward rungs' dates, the entry at B's and another family's do not list it;
+    by default the date is the timer's fix (HOST_PACED_UNTIL)."""
+    script = _gaps_script()
+    key, grad = "dtype=float32,precision=bf16,mode=any,autograd=false", "dtype=float32,precision=bf16,mode=any,autograd=true"
+    old, new = "2026-11-27T18:29:47+00:00", "2026-12-06T10:40:00+00:00"
+
+    def at(batch):
+        return f"batch_size={batch},in_features=64,out_features=32"
+
+    def entry(date, **extra):
+        return {"variant": "eager", "params": {}, "candidates": {"simplified": {}}, "date": date, **extra}
+
+    family = {at(1024): {key: entry(old), grad: entry(old)}}
+    for batch in (1, 8, 64, 512, 2048):
+        family[at(batch)] = {key: entry(old, rung_of=at(1024)), grad: entry(new, rung_of=at(1024))}
+    family[at(8)][grad]["date"] = old
+    del family[at(512)][grad]["date"]
+    other = {"batch_size=1024,in_features=64,out_features=64": {key: entry(old), grad: entry(old)}}
+    doc = {"schema": 1, "version": 1, "devices": {"cuda|X": {"fingerprint": {}, "problems": {
+        "matmul_gelu_softmax": {**family, **other}}}}}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(doc))
+    assert script.timed_before(doc, script.HOST_PACED_UNTIL) == [
+        ("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [8, 512])]
+    assert script.timed_before(doc, "2026-11-01") == [("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [512])]
+    assert script.main(["--table", str(table), "--timed-before"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1 tuned forward keys whose training-step rungs were timed before {script.HOST_PACED_UNTIL}")
+    assert (f"autofuse tune matmul_gelu_softmax --shape {at(1024)} --dtype float32 --precision bf16 "
+            f"--variants eager,simplified --batch-classes-only --rungs 8,512 --table {table}") in out
+
+
 def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_failure(tmp_path, capsys, monkeypatch):
     table = tmp_path / "t.json"
     kwargs = dict(device="cpu", seed=5, variants=["eager", "simplified"], progress=False, table=table)

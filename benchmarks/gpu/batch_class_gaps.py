@@ -20,6 +20,12 @@ process, on the GPU the table was tuned on, and says of each how long it took or
 ``--missing-rungs`` lists instead the families whose ladder has grown since their tune (the
 forward rungs at 32, and at 128 and 256 under bf16 and tf32: ``batch_classes.MEMORY_BOUND_RUNGS``) and the ``--rungs`` tune that races only
 the missing ones: such a batch is served meanwhile by its nearest rung, correct but slower.
+
+``--timed-before DATE`` lists instead the families whose training-step rungs were timed before
+DATE (default HOST_PACED_UNTIL), and the ``--rungs`` tune that races those again, each against the
+entry it holds: until then the timer held the stream 0.5 ms a call, less than a host takes to issue
+a step whose backward runs Python, so a step timed at the host's pace and a fused one lost its rung
+(99 under bf16 at 8 rows kept simplified, 0.488 ms, where cuBLAS + epilogue takes 0.182).
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ from autofuse.errors import AutofuseError
 from autofuse.serve.dispatch import serving
 from autofuse.serve.table import DispatchKey, parse_shape_key, shape_key
 from autofuse.tuning.batch_classes import rung_batches, smallest_batch
+
+
+# When the timer began holding the stream for as long as the host takes to enqueue the calls
+# (b06b4f4, autofuse/tuning/timing.py): a step timed before may have been timed at the host's pace.
+HOST_PACED_UNTIL = "2026-12-05T12:12:48+00:00"
 
 
 def _tuned_forward(doc: dict):
@@ -83,6 +94,23 @@ def missing_rungs(doc: dict) -> list[tuple[str, str, str, list[str], list[int]]]
                    if dkey not in shapes.get(shape_key({**tuned, prob.batch_dim: b}), {})]
         if missing:
             found.append((problem, shape, dkey, _raced(entry), missing))
+    return found
+
+
+def timed_before(doc: dict, date: str) -> list[tuple[str, str, str, list[str], list[int]]]:
+    """(problem, shape key, dispatch key, variants raced, batches) of each tuned forward entry whose
+    autograd entry's rungs at those batches were timed before ``date`` (ISO 8601, UTC; an entry
+    without a date counts as before)."""
+    found = []
+    for problem, shapes, shape, keys, dkey, key, entry, _ in _tuned_forward(doc):
+        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str()
+        if grad_key not in keys:
+            continue
+        batch_dim = registry.get_problem(problem).batch_dim
+        stale = sorted(parse_shape_key(at)[batch_dim] for at, held in shapes.items()
+                       if (rung := held.get(grad_key)) and rung.get("rung_of") == shape and rung.get("date", "") < date)
+        if stale:
+            found.append((problem, shape, dkey, _raced(entry, keys[grad_key]), stale))
     return found
 
 
@@ -143,10 +171,18 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", choices=["quick", "full"], default=None, help="the tunes' budget (default: autofuse's)")
     ap.add_argument("--missing-rungs", action="store_true",
                     help="list the families whose ladder lacks rungs, and the tunes that race only those")
+    ap.add_argument("--timed-before", nargs="?", const=HOST_PACED_UNTIL, default=None, metavar="DATE",
+                    help="list the families whose training-step rungs were timed before DATE (default: when the "
+                         "timer stopped timing steps at the host's pace), and the tunes that race those again")
     args = ap.parse_args(argv)
     with open(args.table) as f:
         doc = json.load(f)
-    if args.missing_rungs:
+    if args.timed_before:
+        found = [(problem, shape, dkey, variants, True, rungs)
+                 for problem, shape, dkey, variants, rungs in timed_before(doc, args.timed_before)]
+        print(f"{len(found)} tuned forward keys whose training-step rungs were timed before {args.timed_before} "
+              f"in {args.table}")
+    elif args.missing_rungs:
         found = [(problem, shape, dkey, variants, False, rungs) for problem, shape, dkey, variants, rungs in missing_rungs(doc)]
         print(f"{len(found)} tuned forward keys whose batch classes lack rungs in {args.table}")
     else:

@@ -695,7 +695,8 @@ def test_the_gaps_script_lists_step_rungs_timed_before_a_date_and_the_tune_that_
     autograd entry; its forward rungs' dates, the entry at B's and another family's do not list it;
     by default the date is the timer's fix (HOST_PACED_UNTIL)."""
     script = _gaps_script()
-    key, grad = "dtype=float32,precision=bf16,mode=any,autograd=false", "dtype=float32,precision=bf16,mode=any,autograd=true"
+    key = "dtype=float32,precision=bf16,mode=any,autograd=false"
+    grad = key.replace("false", "true")
     old, new = "2026-11-27T18:29:47+00:00", "2026-12-06T10:40:00+00:00"
 
     def at(batch):
@@ -716,7 +717,8 @@ def test_the_gaps_script_lists_step_rungs_timed_before_a_date_and_the_tune_that_
     table.write_text(json.dumps(doc))
     assert script.timed_before(doc, script.HOST_PACED_UNTIL) == [
         ("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [8, 512])]
-    assert script.timed_before(doc, "2026-11-01") == [("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [512])]
+    assert script.timed_before(doc, "2026-11-01") == [
+        ("matmul_gelu_softmax", at(1024), key, ["eager", "simplified"], [512])]
     assert script.main(["--table", str(table), "--timed-before"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"1 tuned forward keys whose training-step rungs were timed before {script.HOST_PACED_UNTIL}")

@@ -65,16 +65,17 @@ def gate(problem: str, config: str, precisions: str) -> list[str]:
 
 
 def backward_kernels() -> list[str]:
-    """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's
-    row sums as ``GradLayouts`` asks for them (the latter in the model's dtype), at batch 1 and at sizes that end in partial tiles
-    of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way), under bf16 dy in
-    bfloat16; 99's and 22's also from a bfloat16 model's logits (cublas_epilogue keeps cuBLAS's
-    bfloat16 y), and 22's z from the logits where no forward kept it (``clamped_logsumexp``);
-    matmul_clamp_lse_mish's also from the softmax factors its bf16 forward saves (float32
-    ones against the formula from the logits, bfloat16 ones against the same formula); and
-    gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row tile's mean);
-    then gemm_bn's per-column coefficients from either z, and from z alone (statistics taken in
-    the same pass: float32, bfloat16, and far from 0); and gemm_bn's eval mode (``_eval_mode``)."""
+    """Each Triton epilogue backward against its torch formula (float32): dy, dyᵀ and the bias's row
+    sums as ``GradLayouts`` asks for them (the sums in the model's dtype), at batch 1 and at sizes
+    that end in partial tiles of the 64 × 64 and 64 × 128 blocks both ways (several tiles each way),
+    under bf16 dy in bfloat16; 99's and 22's also from a bfloat16 model's logits (cublas_epilogue
+    keeps cuBLAS's bfloat16 y), and 22's z from the logits where no forward kept it
+    (``clamped_logsumexp``); matmul_clamp_lse_mish's also from the softmax factors its bf16 forward
+    saves (float32 ones against the formula from the logits, bfloat16 ones against the same
+    formula); and gemm_bn's with z also as its bf16 training saves it (bfloat16, less each row
+    tile's mean); then gemm_bn's per-column coefficients from either z, and from z alone (statistics
+    taken in the same pass: float32, bfloat16, and far from 0); and gemm_bn's eval mode
+    (``_eval_mode``)."""
     from autofuse.variants.gemm_bn import gradients as gbn
     from autofuse.variants.matmul_clamp_lse_mish import gradients as g22
     from autofuse.variants.matmul_gelu_softmax import gradients as g99

@@ -726,7 +726,8 @@ def column_sums(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.cons
     for start in range(0, P, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
         mask = (rows < P)[:, None] & col_ok[None, :]
-        total += tl.sum(tl.load(part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0), axis=0)
+        part = tl.load(part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0)
+        total += tl.sum(part, axis=0)
     if ROUND:
         total = bfloat16_round(total)
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)

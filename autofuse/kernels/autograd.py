@@ -163,7 +163,7 @@ def sum_partials(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     (p, n), (block_p, block_n, warps) = parts.shape, PARTIAL_SUMS_BLOCK
     out = torch.empty(n, device=parts.device, dtype=dtype)
     gemm_kernels().column_sums[(-(-n // block_n),)](parts, out, p, n, BLOCK_P=block_p, BLOCK_N=block_n,
-                                                     ROUND=dtype == torch.bfloat16, num_warps=warps)
+                                                     num_warps=warps)
     return out
 
 

@@ -83,8 +83,7 @@ def fused_backward(x, w_mean, offset, r, grad, needs, n_out: int, rows: int = RO
         kernels.weight_gradient[(col_tiles, -(-n_out // out_chunk))](
             part, dr, spare if dw is None else dw, spare if db is None else db, spare if ds is None else ds,
             parts, m, k, n_out, out_chunk, 1.0 / n_out, BLOCK_P=32, BLOCK_K=w_block_k, BLOCK_O=w_block_o,
-            NEED_W=dw is not None, NEED_B=db is not None, NEED_S=ds is not None, ROUND=x.dtype == torch.bfloat16,
-            num_warps=4)
+            NEED_W=dw is not None, NEED_B=db is not None, NEED_S=ds is not None, num_warps=4)
     return dx, dw, db, ds
 
 

@@ -16,15 +16,16 @@ to its share of dW's rows; the programs of the first column tile also write db =
 sixteenth of what it writes at the default blocks, against a third pass and launch.
 
 A bfloat16 model's x and g are loaded as float32 and its dx stored in bfloat16; every sum, dr and
-the partials are float32, and dW, db, dsubtract are rounded to bfloat16 as stored (ROUND: the
-parameters' dtype). Stored in float32, autograd cast them after: at (2048, 8192, 8192) a 402 MB
-copy of dW, 0.138 ms of a 0.319 ms step, with dW's float32 writes twice the bytes (H100).
+the partials are float32, and dW, db, dsubtract are stored in the parameters' dtype, rounded to
+bfloat16 for a bfloat16 model's (``to_store``). Stored in float32, autograd cast them after: at
+(2048, 8192, 8192) a 402 MB copy of dW, 0.138 ms of a 0.319 ms step, with dW's float32 writes
+twice the bytes (H100).
 """
 
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import bfloat16_round, gelu_grad
+from autofuse.kernels.triton.gemm import chunk_sums, gelu_grad, to_store
 
 
 @triton.jit
@@ -64,18 +65,14 @@ def row_gradients(x_ptr, w_mean_ptr, offset_ptr, r_ptr, grad_ptr, dx_ptr, dr_ptr
 @triton.jit
 def weight_gradient(part_ptr, dr_ptr, dw_ptr, db_ptr, ds_ptr, PARTS, M, K, N_OUT, OUT_CHUNK, inv_n,
                     BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_O: tl.constexpr,
-                    NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_S: tl.constexpr, ROUND: tl.constexpr):
+                    NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_S: tl.constexpr):
     pid_k = tl.program_id(0)
     first = tl.program_id(1) * OUT_CHUNK
     last = tl.minimum(first + OUT_CHUNK, N_OUT)
     if NEED_W:
         cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        v = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for p0 in range(0, PARTS, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)
-            mask = (p < PARTS)[:, None] & (cols < K)[None, :]
-            v += tl.sum(tl.load(part_ptr + p.to(tl.int64)[:, None] * K + cols[None, :], mask=mask, other=0.0), axis=0)
-        tile = rounded(tl.zeros((BLOCK_O, BLOCK_K), dtype=tl.float32) + (v * inv_n)[None, :], ROUND)
+        v, _ = chunk_sums(part_ptr, part_ptr, cols, cols < K, K, PARTS, BLOCK_P, BLOCK_K, True)
+        tile = to_store(tl.zeros((BLOCK_O, BLOCK_K), dtype=tl.float32) + (v * inv_n)[None, :], dw_ptr)
         for o0 in range(first, last, BLOCK_O):
             o = o0 + tl.arange(0, BLOCK_O)
             mask = (o < last)[:, None] & (cols < K)[None, :]
@@ -89,12 +86,6 @@ def weight_gradient(part_ptr, dr_ptr, dw_ptr, db_ptr, ds_ptr, PARTS, M, K, N_OUT
         for o0 in range(first, last, BLOCK_P):
             o = o0 + tl.arange(0, BLOCK_P)
             if NEED_B:
-                tl.store(db_ptr + o, rounded(tl.zeros((BLOCK_P,), dtype=tl.float32) + db, ROUND), mask=o < last)
+                tl.store(db_ptr + o, to_store(tl.zeros((BLOCK_P,), dtype=tl.float32) + db, db_ptr), mask=o < last)
             if NEED_S:
-                tl.store(ds_ptr + o, rounded(tl.zeros((BLOCK_P,), dtype=tl.float32) - db, ROUND), mask=o < last)
-
-
-@triton.jit
-def rounded(v, ROUND: tl.constexpr):
-    """``v``, rounded to bfloat16 to nearest even where ROUND (a bfloat16 model's gradients)."""
-    return bfloat16_round(v) if ROUND else v
+                tl.store(ds_ptr + o, to_store(tl.zeros((BLOCK_P,), dtype=tl.float32) - db, ds_ptr), mask=o < last)

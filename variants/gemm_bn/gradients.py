@@ -198,7 +198,7 @@ def eval_param_grads(parts, k, r, bias, scale, gamma, mean) -> torch.Tensor:
         _kernels().eval_param_grads[(-(-n // block_c),)](
             *parts, k, r, bias if bias is not None else scale, scale, gamma if gamma is not None else scale, mean,
             grads, n, parts.shape[1], BLOCK_P=block_p, BLOCK_C=block_c, HAS_BIAS=bias is not None,
-            HAS_GAMMA=gamma is not None, ROUND=grads.dtype == torch.bfloat16, num_warps=warps)  # fmt: skip
+            HAS_GAMMA=gamma is not None, num_warps=warps)  # fmt: skip
         return grads
     dk, dshift = parts.sum(1)
     acc, dtype = k.dtype, scale.dtype
@@ -242,8 +242,7 @@ def eval_apply(z, k, shift, dtype: torch.dtype) -> torch.Tensor:
     if _kernels_apply(z, k, shift) and k.dtype == torch.float32:
         (m, n), (rows, cols) = z.shape, BACKWARD_BLOCK
         out = torch.empty(m, n, device=z.device, dtype=dtype)
-        _kernels().eval_apply[(-(-m // rows), -(-n // cols))](z, k, shift, out, m, n, BLOCK_R=rows, BLOCK_C=cols,
-                                                              ROUND=dtype == torch.bfloat16)
+        _kernels().eval_apply[(-(-m // rows), -(-n // cols))](z, k, shift, out, m, n, BLOCK_R=rows, BLOCK_C=cols)
         return out
     return torch.addcmul(shift, z, k).to(dtype)
 

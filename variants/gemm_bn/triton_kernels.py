@@ -24,7 +24,7 @@ Eval mode with a gradient (cuBLAS's z): ``eval_terms`` takes k, shift and r from
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import bfloat16_round, store_gradient
+from autofuse.kernels.triton.gemm import bfloat16_round, chunk_sums, chunk_tile, store_gradient, to_store
 
 
 @triton.jit
@@ -116,17 +116,6 @@ def column_batchnorm(acc, rm, rn, row_ok, col_ok, pid_m, pid_n, num_n, M, N, arg
     if count_ptr is not None:
         if pid_n == 0:
             tl.store(count_ptr, tl.load(count_ptr) + 1)
-
-
-@triton.jit
-def to_store(v, ptr):
-    """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first: the GPU
-    converts so, Triton's interpreter by truncation, and the CPU checks hold a bfloat16 model's
-    output to within one bfloat16 step of its reference (only a bfloat16 model's output is
-    bfloat16)."""
-    if ptr.dtype.element_ty == tl.bfloat16:
-        v = bfloat16_round(v)
-    return v.to(ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -272,35 +261,12 @@ def column_grad_stats(grad_ptr, z_ptr, part_g_ptr, part_gc_ptr, part_ref_ptr, pa
 
 
 @triton.jit
-def chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr):
-    """Chunks start … start + BLOCK_P − 1 of a (chunks × N) matrix of partials, at ``cols``: their
-    mask and offsets."""
-    chunks = start + tl.arange(0, BLOCK_P)
-    return (chunks < CHUNKS)[:, None] & ok[None, :], chunks[:, None].to(tl.int64) * N + cols[None, :]
-
-
-@triton.jit
 def chunk_block(start, cols, ok, M, N, CHUNKS, CHUNK_ROWS, BLOCK_P: tl.constexpr):
     """``chunk_tile``'s mask and offsets, and the chunks' rows (n_c: CHUNK_ROWS, fewer for the last
     chunk) as a column."""
     mask, offsets = chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P)
     chunks = start + tl.arange(0, BLOCK_P)
     return mask, offsets, tl.minimum(M - chunks * CHUNK_ROWS, CHUNK_ROWS).to(tl.float32)[:, None]
-
-
-@triton.jit
-def chunk_sums(a_ptr, b_ptr, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-               A_ONLY: tl.constexpr):
-    """Per column, the sums over the chunks of two (chunks × N) matrices of partials, at a_ptr and
-    b_ptr (A_ONLY: a_ptr's alone, b's sums zero), BLOCK_P chunks at a time."""
-    sum_a = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    sum_b = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for start in range(0, CHUNKS, BLOCK_P):
-        mask, offsets = chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P)
-        sum_a += tl.sum(tl.load(a_ptr + offsets, mask=mask, other=0.0), axis=0)
-        if not A_ONLY:
-            sum_b += tl.sum(tl.load(b_ptr + offsets, mask=mask, other=0.0), axis=0)
-    return sum_a, sum_b
 
 
 @triton.jit
@@ -417,22 +383,21 @@ def eval_terms(bias_ptr, scale_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr, term
 
 
 @triton.jit
-def eval_apply(z_ptr, k_ptr, shift_ptr, out_ptr, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-               ROUND: tl.constexpr):
+def eval_apply(z_ptr, k_ptr, shift_ptr, out_ptr, M, N, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Eval mode's output from z (cuBLAS's, float32 or a bfloat16 model's): z·k + shift per column in
-    float32, rounded to bfloat16 once where ROUND (the output's dtype)."""
+    float32, stored in out's dtype (``to_store``: a bfloat16 model's rounded once)."""
     rows, cols, col_ok, mask, offsets = row_major_tile(M, N, BLOCK_R, BLOCK_C)
     z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + cols, mask=col_ok, other=0.0)
     shift = tl.load(shift_ptr + cols, mask=col_ok, other=0.0)
     out = z * k[None, :] + shift[None, :]
-    tl.store(out_ptr + offsets, bfloat16_round(out) if ROUND else out, mask=mask)
+    tl.store(out_ptr + offsets, to_store(out, out_ptr), mask=mask)
 
 
 @triton.jit
 def eval_param_grads(part_gz_ptr, part_g_ptr, k_ptr, r_ptr, bias_ptr, scale_ptr, gamma_ptr, mean_ptr, grads_ptr,
                      N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     HAS_GAMMA: tl.constexpr, ROUND: tl.constexpr):
+                     HAS_GAMMA: tl.constexpr):
     """Eval mode's parameter gradients from ``eval_grad_sums``'s chunks, dk = Σ g·z and
     dshift = Σ g, into grads' four rows (db, ds, dγ, dβ; see gradients.py), in the parameters'
     dtype: one launch where torch took a dozen, and the casts autograd adds for a bfloat16 model's."""
@@ -449,13 +414,13 @@ def eval_param_grads(part_gz_ptr, part_g_ptr, k_ptr, r_ptr, bias_ptr, scale_ptr,
         offset += bias * scale
         dk_biased += bias * dshift
     gamma_r = r * tl.load(gamma_ptr + cols, mask=ok, other=0.0).to(tl.float32) if HAS_GAMMA else r
-    store_row(grads_ptr, cols, ok, k * dshift, ROUND)
-    store_row(grads_ptr + N, cols, ok, gamma_r * dk_biased, ROUND)
-    store_row(grads_ptr + 2 * N, cols, ok, r * (scale * dk + offset * dshift), ROUND)
-    store_row(grads_ptr + 3 * N, cols, ok, dshift, ROUND)
+    store_row(grads_ptr, cols, ok, k * dshift)
+    store_row(grads_ptr + N, cols, ok, gamma_r * dk_biased)
+    store_row(grads_ptr + 2 * N, cols, ok, r * (scale * dk + offset * dshift))
+    store_row(grads_ptr + 3 * N, cols, ok, dshift)
 
 
 @triton.jit
-def store_row(ptr, cols, ok, value, ROUND: tl.constexpr):
-    """``value`` (float32) stored at ``ptr`` + cols, rounded to bfloat16 to nearest even where ROUND."""
-    tl.store(ptr + cols, bfloat16_round(value) if ROUND else value, mask=ok)
+def store_row(ptr, cols, ok, value):
+    """``value`` (float32) stored at ``ptr`` + cols in ptr's dtype (``to_store``)."""
+    tl.store(ptr + cols, to_store(value, ptr), mask=ok)

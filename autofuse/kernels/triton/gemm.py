@@ -112,6 +112,17 @@ def bfloat16_round(v):
 
 
 @triton.jit
+def to_store(v, ptr):
+    """v (float32) in ptr's dtype, a bfloat16 one rounded to nearest even in bits first
+    (``bfloat16_round``): the GPU converts so, Triton's interpreter by truncation, and the CPU
+    checks hold a bfloat16 model's tensors to within one bfloat16 step of their reference. A
+    bfloat16 model's outputs and gradients are stored so; the pointer's dtype says which."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        v = bfloat16_round(v)
+    return v.to(ptr.dtype.element_ty)
+
+
+@triton.jit
 def operand_dot(a, a_lo, b, b_lo, acc, MODE: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a·b (a: BM×BK, b: BK×BN) in MODE; a_lo and b_lo are read under 3xtf32 and 3xfp16 only."""
     if MODE == "fp16" or MODE == "3xfp16":
@@ -717,20 +728,36 @@ def store_gradient(dy, rows, cols, M, N, dy_ptr, dyt_ptr, part_ptr, ROWS: tl.con
 
 
 @triton.jit
-def column_sums(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr):
-    """out = Σ over the P rows of part (P × N, float32: ``store_gradient``'s SUMS), in out's dtype,
-    rounded to bfloat16 as torch rounds it (ROUND): a bias's gradient in its own dtype, one launch."""
+def chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr):
+    """Chunks start … start + BLOCK_P − 1 of a (chunks × N) matrix of partials, at ``cols``: their
+    mask and offsets."""
+    chunks = start + tl.arange(0, BLOCK_P)
+    return (chunks < CHUNKS)[:, None] & ok[None, :], chunks[:, None].to(tl.int64) * N + cols[None, :]
+
+
+@triton.jit
+def chunk_sums(a_ptr, b_ptr, cols, ok, N, CHUNKS, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+               A_ONLY: tl.constexpr):
+    """Per column, the sums over the chunks of two (chunks × N) matrices of partials, at a_ptr and
+    b_ptr (A_ONLY: a_ptr's alone, b's sums zero), BLOCK_P chunks at a time."""
+    sum_a = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sum_b = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for start in range(0, CHUNKS, BLOCK_P):
+        mask, offsets = chunk_tile(start, cols, ok, N, CHUNKS, BLOCK_P)
+        sum_a += tl.sum(tl.load(a_ptr + offsets, mask=mask, other=0.0), axis=0)
+        if not A_ONLY:
+            sum_b += tl.sum(tl.load(b_ptr + offsets, mask=mask, other=0.0), axis=0)
+    return sum_a, sum_b
+
+
+@triton.jit
+def column_sums(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out = Σ over the P rows of part (P × N, float32: ``store_gradient``'s SUMS), in out's dtype
+    (``to_store``): a bias's gradient in its own dtype, one launch."""
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    total = tl.zeros((BLOCK_N,), tl.float32)
-    for start in range(0, P, BLOCK_P):
-        rows = start + tl.arange(0, BLOCK_P)
-        mask = (rows < P)[:, None] & col_ok[None, :]
-        part = tl.load(part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=mask, other=0.0)
-        total += tl.sum(part, axis=0)
-    if ROUND:
-        total = bfloat16_round(total)
-    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+    total, _ = chunk_sums(part_ptr, part_ptr, cols, col_ok, N, P, BLOCK_P, BLOCK_N, True)
+    tl.store(out_ptr + cols, to_store(total, out_ptr), mask=col_ok)
 
 
 @triton.jit

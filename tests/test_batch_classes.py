@@ -949,9 +949,10 @@ def test_a_retune_races_the_entry_the_table_holds_at_each_rung(with_compiled):
     key = DispatchKey("bfloat16", "bf16", "eval", False)
     fingerprint = {"kind": "cuda", "name": "X", "capability": 9.0, "sm_count": 132, "cuda": "13.0", "torch": "2.11"}
     searched = batch_classes.Searched({}, spaces, "study", kept=False)
-    held = {8: {"variant": "compiled", "params": {"dynamic": False, "mode": "default"}, "rung_of": shape_key(tuned)},
-            64: {"variant": "cublas_epilogue", "params": {"block": 1024, "strip_cols": 32}, "rung_of": shape_key(tuned)},
-            512: {"variant": "gone_since", "params": {}, "rung_of": shape_key(tuned)}}
+    rung_of = shape_key(tuned)
+    held = {8: {"variant": "compiled", "params": {"dynamic": False, "mode": "default"}, "rung_of": rung_of},
+            64: {"variant": "cublas_epilogue", "params": {"block": 1024, "strip_cols": 32}, "rung_of": rung_of},
+            512: {"variant": "gone_since", "params": {}, "rung_of": rung_of}}
     table = HeldAt({shape_key(batch_classes.rung_shape(prob, tuned, b)): e for b, e in held.items()})
 
     [(_, dkey, _, rungs)] = batch_classes._plan(prob, tuned, job, key, fingerprint, table, (None, entry),

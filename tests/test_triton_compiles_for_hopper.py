@@ -76,7 +76,8 @@ def _recording(monkeypatch) -> list:
     # After the test sys.modules holds what it held before (setitem's undo removes a new entry).
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     problems = [*SHAPES, "gemm_avgpool_gelu_residual"]  # 51: its backward's Triton passes
-    for name in ["autofuse.kernels.triton.gemm"] + [f"autofuse.variants.{p}.triton_kernels" for p in problems]:
+    shared = ["autofuse.kernels.triton.gemm", "autofuse.kernels.triton.epilogue"]
+    for name in shared + [f"autofuse.variants.{p}.triton_kernels" for p in problems]:
         monkeypatch.setitem(sys.modules, name, None)
         monkeypatch.delitem(sys.modules, name)
     record = []
@@ -323,8 +324,9 @@ def test_the_fp32_backwards_range_checked_gemms_compile_for_hopper(monkeypatch):
     from autofuse.kernels.autograd import GemmGrad
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setitem(sys.modules, "autofuse.kernels.triton.gemm", None)
-    monkeypatch.delitem(sys.modules, "autofuse.kernels.triton.gemm")
+    for name in ("autofuse.kernels.triton.gemm", "autofuse.kernels.triton.epilogue"):
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
     record = []
     monkeypatch.setattr(triton_host, "_kernel_module", lambda name: _Recorder(name, record))
     monkeypatch.setattr(triton_backward, "fused_kernels_apply", _on_any_device)

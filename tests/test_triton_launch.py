@@ -51,7 +51,7 @@ def compiled_module(monkeypatch, name: str):
     (another test of this session may have imported it under TRITON_INTERPRET=1); the modules
     imported before are put back after the test."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for module in {"autofuse.kernels.triton.gemm", name}:
+    for module in {"autofuse.kernels.triton.gemm", "autofuse.kernels.triton.epilogue", name}:
         monkeypatch.delitem(sys.modules, module, raising=False)
     return importlib.import_module(name)
 
@@ -162,9 +162,10 @@ def test_kernels_wraps_jit_functions_and_passes_everything_else_through(monkeypa
     module = compiled_module(monkeypatch, "autofuse.kernels.triton.gemm")
     kernels = Kernels("autofuse.kernels.triton.gemm")
     assert isinstance(kernels.tf32_parts, Launcher)
-    assert kernels.row_block is module.row_block
     assert kernels.tf32_parts is kernels.tf32_parts  # wrapped once
     assert kernels.epilogue("store_tile") is module.store_tile  # an epilogue, passed as a constant: not wrapped
+    shared = compiled_module(monkeypatch, "autofuse.kernels.triton.epilogue")
+    assert Kernels("autofuse.kernels.triton.epilogue").row_block is shared.row_block  # a host function
 
 
 def recorded_gemm(monkeypatch):

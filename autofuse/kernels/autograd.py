@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from autofuse.core.precision import linear, math_mode
-from autofuse.kernels.triton.host import fused_kernels_apply, gemm_kernels, transposed
+from autofuse.kernels.triton.host import epilogue_kernels, fused_kernels_apply, transposed
 
 Saved = Sequence[torch.Tensor | None]
 
@@ -162,8 +162,8 @@ def sum_partials(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return parts.sum(0).to(dtype)
     (p, n), (block_p, block_n, warps) = parts.shape, PARTIAL_SUMS_BLOCK
     out = torch.empty(n, device=parts.device, dtype=dtype)
-    gemm_kernels().column_sums[(-(-n // block_n),)](parts, out, p, n, BLOCK_P=block_p, BLOCK_N=block_n,
-                                                     num_warps=warps)
+    epilogue_kernels().column_sums[(-(-n // block_n),)](parts, out, p, n, BLOCK_P=block_p, BLOCK_N=block_n,
+                                                         num_warps=warps)
     return out
 
 

@@ -25,7 +25,7 @@ twice the bytes (H100).
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import chunk_sums, gelu_grad, to_store
+from autofuse.kernels.triton.epilogue import chunk_sums, gelu_grad, to_store
 
 
 @triton.jit

@@ -24,7 +24,7 @@ Eval mode with a gradient (cuBLAS's z): ``eval_terms`` takes k, shift and r from
 import triton
 import triton.language as tl
 
-from autofuse.kernels.triton.gemm import bfloat16_round, chunk_sums, chunk_tile, store_gradient, to_store
+from autofuse.kernels.triton.epilogue import bfloat16_round, chunk_sums, chunk_tile, store_gradient, to_store
 
 
 @triton.jit

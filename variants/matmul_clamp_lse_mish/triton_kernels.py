@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 # parts_block is imported for the variant, which sizes its launches through this module.
-from autofuse.kernels.triton.gemm import (  # noqa: F401
+from autofuse.kernels.triton.epilogue import (  # noqa: F401
     bfloat16_round,
     exp_nonpositive,
     merged_partials,

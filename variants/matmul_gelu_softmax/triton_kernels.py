@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 # row_block and parts_block are imported for the variant, which sizes its launches through this module.
-from autofuse.kernels.triton.gemm import (  # noqa: F401
+from autofuse.kernels.triton.epilogue import (  # noqa: F401
     exp_nonpositive,
     gelu,
     gelu_grad,

@@ -156,6 +156,12 @@ def gemm_kernels():
     return kernel_module("autofuse.kernels.triton.gemm")
 
 
+def epilogue_kernels():
+    """``autofuse.kernels.triton.epilogue``: what the epilogues and backwards share, ``column_sums``
+    among them (see ``kernel_module``)."""
+    return kernel_module("autofuse.kernels.triton.epilogue")
+
+
 @functools.cache
 def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

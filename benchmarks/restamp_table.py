@@ -33,11 +33,16 @@ def restamp(path: pathlib.Path) -> int:
                     if entry.get("source_hash") != now:
                         print(f"{problem} {shape} {key}: {entry['variant']} {entry.get('source_hash')} -> {now}")
                         entry["source_hash"], changed = now, changed + 1
-    # The table's own layout (schema and version first, sorted below), as DispatchTable writes it.
+    write_table(path, doc)
+    return changed
+
+
+def write_table(path: pathlib.Path, doc: dict) -> None:
+    """``doc`` to ``path`` in the table's own layout (schema and version first, sorted below), as
+    DispatchTable writes it."""
     head = {"schema": doc["schema"], "version": doc["version"]}
     devices = json.loads(json.dumps(doc["devices"], sort_keys=True))
     path.write_text(json.dumps({**head, "devices": devices}, indent=2) + "\n")
-    return changed
 
 
 if __name__ == "__main__":

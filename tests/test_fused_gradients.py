@@ -267,13 +267,18 @@ def test_the_backward_runs_at_the_forward_precision():
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def test_bf16_backward_gemms_round_their_operands_like_the_forward():
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["x", "x's bfloat16 copy"])
+def test_bf16_backward_gemms_round_their_operands_like_the_forward(x_dtype):
+    """A float32 model's dx and dW under bf16: float32 sums of the bfloat16 operands, not rounded
+    to bfloat16 after, whichever x the forward kept (the triton variants keep its bfloat16 copy)."""
     generator = torch.Generator().manual_seed(0)
     dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
-    dx, dw = backward_gemms(GemmGrad.of(dy, grad_layouts("bf16", True, True, False)), x, w.bfloat16(), "bf16", True, True)
+    grad = GemmGrad.of(dy, grad_layouts("bf16", True, True, False))
+    dx, dw = backward_gemms(grad, x.to(x_dtype), w.bfloat16(), "bf16", True, True, torch.float32)
     assert dx.dtype == dw.dtype == torch.float32
     assert_close(dx, dy.bfloat16().double() @ w.bfloat16().double(), atol=1e-5, rtol=1e-5)
     assert_close(dw, dy.bfloat16().double().t() @ x.bfloat16().double(), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(dw, dw.bfloat16().float()) and not torch.equal(dx, dx.bfloat16().float())
 
 
 def test_a_bfloat16_models_backward_gemms_write_bfloat16_rounded_once_from_float32_sums():
@@ -282,7 +287,7 @@ def test_a_bfloat16_models_backward_gemms_write_bfloat16_rounded_once_from_float
     generator = torch.Generator().manual_seed(1)
     dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
     layouts = grad_layouts("bf16", True, True, False)
-    dx, dw = backward_gemms(GemmGrad.of(dy, layouts), x.bfloat16(), w.bfloat16(), "bf16", True, True)
+    dx, dw = backward_gemms(GemmGrad.of(dy, layouts), x.bfloat16(), w.bfloat16(), "bf16", True, True, torch.bfloat16)
     assert dx.dtype == dw.dtype == torch.bfloat16
     dyb = dy.bfloat16().float()
     assert torch.equal(dx, (dyb @ w.bfloat16().float()).bfloat16())
@@ -304,14 +309,14 @@ def test_the_epilogue_backward_writes_dy_transposed_for_tf32_weight_gradients_on
 def test_backward_gemms_give_the_same_gradients_from_dy_or_its_transpose(precision):
     generator = torch.Generator().manual_seed(1)
     dy, x, w = (torch.randn(*s, generator=generator) for s in ((9, 7), (9, 5), (7, 5)))
-    from_rows = backward_gemms(GemmGrad(dy, None, None), x, w, precision, True, True)
+    from_rows = backward_gemms(GemmGrad(dy, None, None), x, w, precision, True, True, x.dtype)
     cols = GemmGrad(None, dy.t().contiguous(), None) if precision == "tf32" else GemmGrad(dy, None, None)
-    _, dw = backward_gemms(cols, x, w, precision, False, True)
+    _, dw = backward_gemms(cols, x, w, precision, False, True, x.dtype)
     assert_close(dw, from_rows[1], atol=1e-6, rtol=1e-6)
     if precision != "bf16":
         assert_close(from_rows[0].double(), dy.double() @ w.double(), atol=1e-5, rtol=1e-5)
         assert_close(dw.double(), dy.double().t() @ x.double(), atol=1e-5, rtol=1e-5)
-    assert backward_gemms(GemmGrad(None, None, None), x, w, precision, False, False) == (None, None)
+    assert backward_gemms(GemmGrad(None, None, None), x, w, precision, False, False, x.dtype) == (None, None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32 model", "bfloat16 model"])
@@ -325,7 +330,7 @@ def test_a_one_row_bf16_weight_gradient_is_each_product_rounded_once(dtype):
     x = (torch.randn(1, 5, generator=generator) * torch.logspace(-8, 8, 5)).to(dtype)
     w = torch.randn(7, 5, generator=generator).bfloat16()
     grad = GemmGrad.of(dy, grad_layouts("bf16", True, True, False))
-    dx, dw = backward_gemms(grad, x, w, "bf16", True, True)
+    dx, dw = backward_gemms(grad, x, w, "bf16", True, True, dtype)
     assert dw.shape == (7, 5) and dw.dtype == dtype and dx.shape == (1, 5)
     assert torch.equal(dw, (dy.bfloat16().double().t() @ x.bfloat16().double()).to(dtype))
 

@@ -102,7 +102,7 @@ def test_the_fp32_backward_keeps_float32_accuracy_on_wide_rows(schedule):
             continue
         generator = torch.Generator().manual_seed(m + n)
         dy, x, w = (t.cuda() for t in wide_gradient_inputs(m, n, k, side, span, ratio, zeroed, generator))
-        dx, dw = gemms(GemmGrad(dy, None, None), x, w, "fp32", True, True)
+        dx, dw = gemms(GemmGrad(dy, None, None), x, w, "fp32", True, True, torch.float32)
         for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
             exact = a.double() @ b.double()
             if exact.norm() == 0:
@@ -269,3 +269,24 @@ def test_the_runtimes_graphs_take_no_finish_counter_however_often_a_key_is_captu
     torch.cuda.synchronize()
     assert len(set(taken)) == 1, f"counters given after each capture: {taken}"
     assert not one._arrivals._buffers[x.device].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem,mode", [("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"),
+                                          ("gemm_bn", "train"), ("gemm_bn", "eval")])
+def test_a_float32_models_bf16_gradients_are_float32_sums_not_bfloat16(problem, mode):
+    """The bf16 operand pass keeps x's bfloat16 copy for the backward's GEMMs; a float32 model's dx
+    and dW are still cuBLAS's float32 sums of the bfloat16 operands, not bfloat16 results that
+    autograd converted after (a rounding, and 0.21 of 1.13 ms of gemm_bn's step at 2048×8192²)."""
+    from autofuse.tuning.gate import CheckCase, build_case
+
+    prob = registry.get_problem(problem)
+    cls = registry.get_variant(problem, "triton")
+    shape = dict(zip(prob.dims, (37, 1000, 777)))
+    model, x = build_case(prob, CheckCase(shape, "randn", 9, False), "cuda", torch.float32, mode)
+    x.requires_grad_(True)
+    out = cls("bf16", **cls.configs_for(shape, "cuda", "bf16")[0])(model, x)
+    out.backward(torch.randn_like(out))
+    for what, grad in (("dx", x.grad), ("dW", prob.linear_of(model).weight.grad)):
+        assert grad.dtype == torch.float32, what
+        assert not torch.equal(grad, grad.bfloat16().float()), f"{what}: every element a bfloat16"

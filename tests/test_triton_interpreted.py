@@ -96,6 +96,11 @@ def test_a_bfloat16_model_of_gemm_bn_rounds_where_its_reference_does_interpreted
     _run("bf16_model_bn_rounds_as_the_reference")
 
 
+def test_a_float32_models_bf16_gradients_are_float32_sums_not_bfloat16_interpreted():
+    """The triton variants keep x's bfloat16 copy for the backward's GEMMs; dx and dW must still be
+    written in the model's float32, not rounded to bfloat16 and converted by autograd after."""
+    _run("float32_model_bf16_gradients")
+
 def test_triton_backward_kernels_match_the_torch_formulas_interpreted():
     _run("backward_kernels")
 

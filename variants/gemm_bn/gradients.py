@@ -163,7 +163,7 @@ def train_backward(saved, grad, needs, precision, eps: float, tile_rows: int | N
     tile_rows = tile_rows if shift is not None and shift.shape[0] > 1 else max(z.shape[0], 1)
     (a, b, c, ds, dgamma, dbeta), shift = bn_coefficients(grad, z, shift, tile_rows, var, scale, gamma, eps)
     dz = _bn_backward(grad, z, shift, tile_rows, a, b, c, gemms.layouts(precision, needs[0], needs[1], False))
-    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
+    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1], grad.dtype)
     db = torch.zeros_like(scale) if needs[2] else None
     return dx, dw, db, ds if needs[3] else None, dgamma if needs[4] else None, dbeta if needs[5] else None
 
@@ -217,7 +217,7 @@ def eval_backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
         z = linear(x, weight, None, precision)
     dz, parts = eval_grad_sums(grad, z, k, gemms.layouts(precision, needs[0], needs[1], False))
     params = eval_param_grads(parts, k, r, bias, scale, gamma, mean)
-    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1])
+    dx, dw = gemms(dz, x, weight, precision, needs[0], needs[1], grad.dtype)
     return dx, dw, *(value if need else None for value, need in zip(params, needs[2:], strict=True))
 
 

@@ -127,7 +127,7 @@ def backward(saved, grad, needs, precision, scalars, parts: SoftmaxParts | None 
         if z is None:
             z = clamped_logsumexp(y, *scalars)
         dy = epilogue_backward(y, z, grad, *scalars, layouts)
-    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1])
+    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1], grad.dtype)
     return dx, dw, dy.bias
 
 

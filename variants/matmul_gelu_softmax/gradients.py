@@ -91,7 +91,7 @@ def backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
         # at 4.04x eager's error on large inputs (64×256×192, H100), past the gate's 4x.
         out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
     dy = epilogue_backward(y, out, grad, gemms.layouts(precision, *needs))
-    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1])
+    dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1], grad.dtype)
     return dx, dw, dy.bias
 
 

@@ -73,10 +73,10 @@ class Fp16Gemms(CublasGemms):
         return GradLayouts(rows=need_x or need_weight, cols=False, sums=need_bias)
 
     def __call__(self, grad: GemmGrad, x: torch.Tensor, weight: torch.Tensor, precision: str, need_x: bool,
-                 need_weight: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 need_weight: bool, out: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         dy, x, weight = grad.dy, x.detach(), weight.detach()
         if dy is None or not fused_kernels_apply(dy, x, weight):
-            return CUBLAS(grad, x, weight, precision, need_x, need_weight)
+            return CUBLAS(grad, x, weight, precision, need_x, need_weight, out)
         dx = self.matmul(*dx_operands(dy, self._weight_columns(weight))) if need_x else None
         dw = self.matmul(*dw_operands(dy, x)) if need_weight else None
         return dx, dw

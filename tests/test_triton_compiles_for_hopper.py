@@ -333,7 +333,7 @@ def test_the_fp32_backwards_range_checked_gemms_compile_for_hopper(monkeypatch):
     params = configurations("gemm_bn", "fp32")[0]
     for batch in (64, 37):
         dy, x, w = torch.randn(batch, 1000), torch.randn(batch, 768), torch.randn(1000, 768)
-        triton_backward.Fp16Gemms(params)(GemmGrad(dy, None, None), x, w, "fp32", True, True)
+        triton_backward.Fp16Gemms(params)(GemmGrad(dy, None, None), x, w, "fp32", True, True, torch.float32)
     names, exact_passes = set(), 0
     for fn, args, kwargs in record:
         kernel = compile_for_hopper(fn, args, dict(kwargs))

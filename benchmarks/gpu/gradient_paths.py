@@ -70,7 +70,8 @@ def main() -> None:
         errors = {}
         for path, (make_dx, make_dw) in paths.items():
             backward.dx_operands, backward.dw_operands = make_dx, make_dw
-            dx, dw = backward.Fp16Gemms(DEFAULTS["fp32"])(GemmGrad(dy, None, None), x, w, "fp32", True, True)
+            gemms = backward.Fp16Gemms(DEFAULTS["fp32"])
+            dx, dw = gemms(GemmGrad(dy, None, None), x, w, "fp32", True, True, torch.float32)
             for name, got, a, b in (("dx", dx, dy, w), ("dW", dw, dy.t(), x)):
                 exact = a.double() @ b.double()
                 if exact.norm() == 0:

@@ -1292,11 +1292,10 @@ def float32_model_bf16_gradients() -> list[str]:
         variant = registry.get_variant(name, "triton")("bf16", **CONFIGS["grid-tma"], operands="cast_pass")
         shape = dict(zip(prob.dims, (37, 40, 33)))
         model, x = build_case(prob, CheckCase(shape, "randn", 5, False), "cpu", torch.float32, mode)
-        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         x.requires_grad_(True)
         out = variant(model, x)
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(6)))
-        for what, grad in (("dx", x.grad), ("dW", linear.weight.grad)):
+        for what, grad in (("dx", x.grad), ("dW", prob.linear_of(model).weight.grad)):
             rounded = torch.equal(grad, grad.bfloat16().float())
             print(name, mode, what, grad.dtype, "every element a bfloat16" if rounded else "float32 sums", flush=True)
             if grad.dtype != torch.float32 or rounded:

@@ -64,3 +64,17 @@ def test_a_compensated_variant_leaves_ieee_out_and_is_not_admitted_there():
 
     assert Compensated.admits("cpu", torch.float32, "ieee", False) == "precision ieee not in ('fp32', 'tf32', 'bf16')"
     assert Compensated.admits("cpu", torch.float32, "fp32", False) is None
+
+
+def test_a_float32_models_bf16_gemm_reads_x_and_its_gemm_input_alike():
+    """Under bf16 a forward may hand the GEMM x's bfloat16 copy (``gemm_input``, kept for dW): the
+    product and the bias left to the epilogue are those of x itself, never a bfloat16 model's
+    (bias rounded and added by the GEMM)."""
+    x, w, b = torch.randn(5, 7) * 3, torch.randn(3, 7), torch.randn(3)
+    xb = precision.gemm_input(x, "bf16")
+    assert xb.dtype == torch.bfloat16 and precision.gemm_input(x, "fp32") is x
+    (y, left), (y_b, left_b) = precision.linear_deferring_bias(x, w, b, "bf16"), precision.linear_deferring_bias(
+        xb, w, b, "bf16")
+    assert torch.equal(y, y_b) and left is b and left_b is b
+    product = precision.float32_model_product(xb, w, "bf16")
+    assert product.dtype == torch.float32 and torch.equal(product, precision.linear(x, w, None, "bf16"))

@@ -272,20 +272,24 @@ def test_the_runtimes_graphs_take_no_finish_counter_however_often_a_key_is_captu
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["triton", "cublas_epilogue"])
 @pytest.mark.parametrize("problem,mode", [("matmul_clamp_lse_mish", "train"), ("matmul_gelu_softmax", "train"),
                                           ("gemm_bn", "train"), ("gemm_bn", "eval")])
-def test_a_float32_models_bf16_gradients_are_float32_sums_not_bfloat16(problem, mode):
-    """The bf16 operand pass keeps x's bfloat16 copy for the backward's GEMMs; a float32 model's dx
-    and dW are still cuBLAS's float32 sums of the bfloat16 operands, not bfloat16 results that
-    autograd converted after (a rounding, and 0.21 of 1.13 ms of gemm_bn's step at 2048×8192²)."""
+def test_a_float32_models_bf16_gradients_are_float32_sums_not_bfloat16(problem, mode, variant):
+    """The forward keeps x's bfloat16 copy, the operand its GEMM read, for the backward's GEMMs (so
+    the backward casts nothing); a float32 model's dx and dW are still cuBLAS's float32 sums of the
+    bfloat16 operands, not bfloat16 results that autograd converted after (a rounding, and 0.21 of
+    1.13 ms of gemm_bn's step at 2048×8192²)."""
     from autofuse.tuning.gate import CheckCase, build_case
 
     prob = registry.get_problem(problem)
-    cls = registry.get_variant(problem, "triton")
+    cls = registry.get_variant(problem, variant)
     shape = dict(zip(prob.dims, (37, 1000, 777)))
     model, x = build_case(prob, CheckCase(shape, "randn", 9, False), "cuda", torch.float32, mode)
     x.requires_grad_(True)
     out = cls("bf16", **cls.configs_for(shape, "cuda", "bf16")[0])(model, x)
+    kept = [t.dtype for t in out.grad_fn.saved_tensors if t is not None and t.shape == x.shape]
+    assert kept == [torch.bfloat16], f"x kept as {kept}"
     out.backward(torch.randn_like(out))
     for what, grad in (("dx", x.grad), ("dW", prob.linear_of(model).weight.grad)):
         assert grad.dtype == torch.float32, what

@@ -134,17 +134,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pre
     return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
+def gemm_input(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """A float32 model's input as its GEMM at ``precision`` reads it: under bf16 x's bfloat16
+    copy, else x. A forward that keeps x for its backward's dW = dyᵀ·x keeps this copy, the operand
+    it read, and the backward casts nothing (``backward_gemms`` reads x in bfloat16); kept in
+    float32, x was cast again there. ``linear_deferring_bias`` and ``float32_model_product`` take
+    it as they take x."""
+    return x.bfloat16() if precision == "bf16" and x.dtype == torch.float32 else x
+
+
+def float32_model_product(x: torch.Tensor, weight: torch.Tensor, precision: str) -> torch.Tensor:
+    """x·Wᵀ of a float32 model at ``precision``, in float32: ``linear`` without a bias, where x may
+    also be ``gemm_input``'s bfloat16 copy."""
+    return bf16_product(x, weight) if precision == "bf16" else linear(x, weight, None, precision)
+
+
 def linear_deferring_bias(x, weight, bias, precision) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, the bias still to add) for variants whose epilogue kernel reads y once anyway.
+    """(y, the bias still to add) of a float32 model, for variants whose epilogue kernel reads y
+    once anyway; x is the model's input or its ``gemm_input``.
 
     At fp32 and tf32 the bias rides in cuBLAS's GEMM (addmm cost the same as mm: 2.686 ms
-    against 2.690, H100, 1024×8192×8192) and y is float32. Under bf16 (float32 input) y is the
+    against 2.690, H100, 1024×8192×8192) and y is float32. Under bf16 y is the
     GEMM's own bfloat16 result, float32-accumulated and rounded once, and the bias is left to
     the epilogue, which adds it in float32: a bfloat16 result is half the bytes for the GEMM to
     write and the epilogue to read (the bf16 GEMM took 0.1725 ms with a bf16 result, 0.177 with
     a float32 one and 0.206 as addmm with a float32 result).
     """
-    if precision == "bf16" and x.dtype == torch.float32:
+    if precision == "bf16":
         xb, wb = x.bfloat16(), weight.bfloat16()
         if not x.is_cuda:  # the same arithmetic: rounded operands, float32 sums, one rounding
             return F.linear(xb.float(), wb.float()).bfloat16(), bias

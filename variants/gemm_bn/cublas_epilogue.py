@@ -49,7 +49,7 @@ from autofuse.variants.gemm_bn.cuda_fused import (
     uses_batch_statistics,
 )
 
-from autofuse.core.precision import linear
+from autofuse.core.precision import float32_model_product, gemm_input, linear
 from autofuse.core.variant import FoldCache
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import fused_call, needs_grad
@@ -176,7 +176,8 @@ class CublasEpilogueGemmBn(CudaVariant):
         w = operand(weight, "gemm.weight", (n_out, n_in), x.device)
         w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
         batch, lib = x.shape[0], self.library(x.device)
-        z = linear(x, w, None, self.precision).contiguous()
+        x = gemm_input(x, self.precision)  # kept for dW as the GEMM read it: the backward casts nothing
+        z = float32_model_product(x, w, self.precision).contiguous()
         work = self._workspaces(lib, batch, n_out, x.device)
         out = torch.empty_like(z) if save else z
         count, factor = kernel_counted_factor(model.bn)  # the kernel adds this batch: no add_ kernel before it
@@ -219,7 +220,8 @@ class CublasEpilogueGemmBn(CudaVariant):
         x = input_operand(x, n_in)
         w = operand(weight, "gemm.weight", (n_out, n_in), x.device)
         w = self.gemm_weight(weight) if self.precision == "bf16" else w
-        z = linear(x, w, None, self.precision)
+        x = gemm_input(x, self.precision)  # kept for dW as the GEMM read it: the backward casts nothing
+        z = float32_model_product(x, w, self.precision)
         return gradients.eval_apply(z, k, shift, torch.float32), ((x, w, z, k) if save else ())
 
     @staticmethod

@@ -27,7 +27,7 @@ term is rounded and why the pairs round alike).
 
 import torch
 
-from autofuse.core.precision import linear_deferring_bias
+from autofuse.core.precision import gemm_input, linear_deferring_bias
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import fused_call, needs_grad
 from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands, linear_parameters
@@ -67,6 +67,7 @@ class CublasEpilogueClampLseMish(CudaVariant):
             return self._bfloat16_rows(y, *scalars), ((x, weight, bias, y, None, None) if save else ())  # z: from y
         x, w, b = gemm_operands(x, weight, bias, "matmul")
         w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
+        x = gemm_input(x, self.precision)  # kept for dW as the GEMM read it: the backward casts nothing
         y, bias_left = linear_deferring_bias(x, w, b, self.precision)
         y = y.contiguous()
         out = torch.empty(x.shape[0], 1, device=x.device)

@@ -24,7 +24,7 @@ Kernel: csrc/gelu_softmax_rows.cu.
 
 import torch
 
-from autofuse.core.precision import linear_deferring_bias
+from autofuse.core.precision import gemm_input, linear_deferring_bias
 from autofuse.hookspecs import hookimpl
 from autofuse.kernels.autograd import needs_grad
 from autofuse.kernels.cuda_variant import CudaVariant, bfloat16_model_linear, gemm_operands, linear_parameters
@@ -83,6 +83,7 @@ class CublasEpilogueGeluSoftmax(gradients.FusedGeluSoftmax, CudaVariant):
             return out, ((x, weight, bias, y, None, out) if save else ())
         x, w, b = gemm_operands(x, weight, bias, "linear")
         w = self.gemm_weight(weight) if self.precision == "bf16" else w  # the cached bf16 copy of the parameter
+        x = gemm_input(x, self.precision)  # kept for dW as the GEMM read it: the backward casts nothing
         y, bias_left = linear_deferring_bias(x, w, b, self.precision)
         y = y.contiguous()
         out = y if y.dtype == torch.float32 and not save else torch.empty(y.shape, device=y.device)

@@ -215,8 +215,9 @@ def test_a_bfloat16_models_kernels_compile_for_hopper(monkeypatch, problem, mode
 @pytest.mark.parametrize("problem", ["matmul_gelu_softmax", "matmul_clamp_lse_mish", "gemm_bn"])
 def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monkeypatch, problem, batch):
     """cublas_epilogue's backward of a bfloat16 model: the Triton passes on cuBLAS's bfloat16
-    logits (22's z from them too, ``clamp_lse_rows``; gemm_bn's training, its statistics from
-    them, in the same pass as its gradient sums), at the smallest batch (M a constant) and 8."""
+    logits (99's also of a float32 model's, whose bias is added as they are read; 22's z from them
+    too, ``clamp_lse_rows``; gemm_bn's training, its statistics from them, in the same pass as its
+    gradient sums), at the smallest batch (M a constant) and 8."""
     if batch == (1 if problem == "gemm_bn" else 2):
         pytest.skip("the smallest batch is 2 for gemm_bn's training, 1 for the others")
     record = _recording(monkeypatch)
@@ -228,6 +229,9 @@ def test_a_bfloat16_models_backward_from_cublas_logits_compiles_for_hopper(monke
     y, needs = torch.nn.functional.linear(x, w, b), (True, True, True)
     if problem == "matmul_gelu_softmax":
         gradients.backward((x, w, b, y, None, torch.softmax(y, dim=1)), torch.randn_like(y), needs, "bf16")
+        # a float32 model's: bf16 logits without the float32 bias, which the backward adds as it reads them
+        out = torch.softmax(y.float() + b.float(), dim=1)
+        gradients.backward((x, w, b.float(), y, b.float(), out), torch.randn_like(out), needs, "bf16")
     elif problem == "matmul_clamp_lse_mish":
         gradients.backward((x, w, b, y, None, None), torch.randn(batch, 1).bfloat16(), needs, "bf16", (2.0, -1.0, 1.0))
     else:

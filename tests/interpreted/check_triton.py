@@ -111,6 +111,7 @@ def backward_kernels() -> list[str]:
     for m, n in ((1, 53), (130, 150)):
         y, grad = torch.randn(m, n, generator=generator), torch.randn(m, n, generator=generator)
         out = torch.softmax(torch.randn(m, n, generator=generator), dim=1)
+        bias = torch.randn(n, generator=generator) * 2
         z = torch.logsumexp(y * 2.0, dim=1, keepdim=True)
         mean = y.mean(0)
         # gemm_bn's z as its training forward saves it: plain, with shift −μ; or less each row
@@ -124,6 +125,8 @@ def backward_kernels() -> list[str]:
             "clamp_lse": lambda lay: g22.epilogue_backward(y, z, grad[:, :1].contiguous(), 2.0, -1.0, 1.5, lay),
             # a bfloat16 model's cuBLAS logits (cublas_epilogue), its output and ∂L/∂out in bfloat16
             "gelu_softmax y16": lambda lay: g99.epilogue_backward(y.bfloat16(), out.bfloat16(), grad.bfloat16(), lay),
+            # a float32 model's bf16 cuBLAS logits, the bias its epilogue added left to the backward to add
+            "gelu_softmax y16 + bias": lambda lay: g99.epilogue_backward(y.bfloat16(), out, grad, lay, y_bias=bias),
             "clamp_lse y16": lambda lay: g22.epilogue_backward(y.bfloat16(), z, grad[:, :1].bfloat16(), 2.0, -1.0, 1.5,
                                                                lay),
             "clamp_lse from q": lambda lay: g22.epilogue_backward_from_q(q, part_max, z_clamped,

@@ -28,7 +28,6 @@ from autofuse.kernels.autograd import (
     GradBuffers,
     GradLayouts,
     fused_call,
-    saved_logits,
 )
 from autofuse.kernels.triton.host import fused_kernels_apply, kernel_module
 
@@ -50,17 +49,22 @@ def gelu_grad(y: torch.Tensor) -> torch.Tensor:
 BACKWARD_BLOCK = (64, 64)
 
 
-def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, layouts: GradLayouts) -> GemmGrad:
+def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, layouts: GradLayouts,
+                      y_bias: torch.Tensor | None = None) -> GemmGrad:
     """∂L/∂y from the saved logits y, the softmax output and ∂L/∂out, in float32 (float64 stays;
     each of the three may be bfloat16, a bfloat16 model's), in ``layouts``: where Triton can run,
     a row kernel for each row's sums (two passes over out and g), then a tiled one for dy; else torch.
+    ``y_bias``: the float32 bias the forward's epilogue added to y (bf16 cuBLAS left it), added
+    here as there. The tiled kernel adds it as it reads y, where the logits in float32 first took
+    a conversion and an add, 59 µs of cublas_epilogue's 0.600 ms bf16 step at 1024×8192² (H100).
 
     The softmax's ∂L/∂a_j = out_j·(g_j − Σ g·out) cancels at the row's largest output when the
     row is nearly one-hot (logits in the hundreds: out_top = 1 − ε with ε below float32's
     resolution), leaving rounding noise of |g|·2⁻²⁴ where the true value is ε-small (100x
     float64's error in tests/test_fused_gradients.py). Since Σ out = 1, g_top − Σ g·out = Σ_k out_k·(g_top − g_k) exactly, a sum of small terms with
     no cancellation: it gives the top entry, and Σ g·out = g_top − it gives the others."""
-    if fused_kernels_apply(y, out, grad, dtypes=(torch.float32, torch.bfloat16)):
+    if fused_kernels_apply(y, out, grad, dtypes=(torch.float32, torch.bfloat16)) and (
+            y_bias is None or fused_kernels_apply(y_bias)):
         kernels = _kernels()
         (m, n), (rows, cols) = out.shape, BACKWARD_BLOCK
         top = torch.empty(m, device=out.device, dtype=torch.int32)
@@ -68,7 +72,8 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
         kernels.softmax_grad_rows[(m,)](out, grad, top, rest, total, n, BLOCK_N=kernels.row_block(n))
         buffers = GradBuffers(layouts, m, n, rows, out.device)
         kernels.gelu_softmax_backward[(-(-m // rows), -(-n // cols))](
-            y, out, grad, top, rest, total, **buffers.args, M=m, N=n, BLOCK_R=rows, BLOCK_C=cols)
+            y, y_bias, out, grad, top, rest, total, **buffers.args, M=m, N=n, BIAS=y_bias is not None, BLOCK_R=rows,
+            BLOCK_C=cols)
         return buffers.result(grad.dtype)  # the bias's: the model's dtype, as out's
     acc = torch.promote_types(out.dtype, torch.float32)
     out, grad = out.to(acc), grad.to(acc)
@@ -77,20 +82,20 @@ def epilogue_backward(y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, la
     rest = (out * (top_grad - grad)).sum(dim=1, keepdim=True)
     da = out * (grad - (top_grad - rest))
     da.scatter_(1, top, out.gather(1, top) * rest)
-    return GemmGrad.of(da * gelu_grad(y.to(acc)), layouts)
+    y = y.to(acc) if y_bias is None else y.to(acc) + y_bias
+    return GemmGrad.of(da * gelu_grad(y), layouts)
 
 
 def backward(saved, grad, needs, precision, gemms: CublasGemms = CUBLAS):
     """(dx, dW, db) per ``needs`` (inputs: x, weight, bias); ``gemms`` multiplies dx and dW."""
     x, weight, bias, y, y_bias, out = saved
-    recomputed = y is None
-    y = saved_logits(x, weight, bias, y, y_bias, precision)
-    if recomputed:
+    if y is None:
         # The logits again from cuBLAS, and the softmax from them too: the forward's out came
         # from another GEMM's rounding, and mixing the two put the SIMT kernels' weight gradient
         # at 4.04x eager's error on large inputs (64×256×192, H100), past the gate's 4x.
+        y, y_bias = linear(x, weight, bias, precision), None
         out = torch.softmax(torch.nn.functional.gelu(y), dim=1)
-    dy = epilogue_backward(y, out, grad, gemms.layouts(precision, *needs))
+    dy = epilogue_backward(y, out, grad, gemms.layouts(precision, *needs), y_bias)
     dx, dw = gemms(dy, x, weight, precision, needs[0], needs[1], grad.dtype)
     return dx, dw, dy.bias
 

@@ -125,11 +125,12 @@ def softmax_grad_rows(out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, N, BLOCK_
 
 
 @triton.jit
-def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, dy_ptr, dyt_ptr, part_ptr, M, N,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-                          SUMS: tl.constexpr):
+def gelu_softmax_backward(y_ptr, bias_ptr, out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr, dy_ptr, dyt_ptr, part_ptr,
+                          M, N, BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
+                          COLS: tl.constexpr, SUMS: tl.constexpr):
     """One (BLOCK_R × BLOCK_C) tile of ∂L/∂y = out ⊙ (g − Σ g·out) ⊙ gelu'(y), the top entry's
-    out·rest (``softmax_grad_rows``), stored as ``store_gradient`` says."""
+    out·rest (``softmax_grad_rows``), stored as ``store_gradient`` says. With BIAS, y is the
+    saved logits plus the float32 bias the forward's epilogue added (bf16 cuBLAS left it)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok = rows < M
@@ -139,6 +140,8 @@ def gelu_softmax_backward(y_ptr, out_ptr, grad_ptr, top_ptr, rest_ptr, total_ptr
     total = tl.load(total_ptr + rows, mask=row_ok, other=0.0)
     offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
     y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if BIAS:
+        y += tl.load(bias_ptr + cols, mask=cols < N, other=0.0)[None, :]
     out = tl.load(out_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     da = out * tl.where(cols[None, :] == top[:, None], rest[:, None], grad - total[:, None])

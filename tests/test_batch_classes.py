@@ -693,7 +693,8 @@ def test_the_gaps_script_lists_step_rungs_timed_before_a_date_and_the_tune_that_
     """``--timed-before``: a family whose training-step rungs at 8 and 512 rows were timed before the
     date (one without a date counts as before) is listed with a ``--rungs 8,512`` tune that keeps its
     autograd entry; its forward rungs' dates, the entry at B's and another family's do not list it;
-    by default the date is the timer's fix (HOST_PACED_UNTIL)."""
+    by default the date is the timer's fix (HOST_PACED_UNTIL). The tuned keys' own step entries
+    timed before it are listed apart."""
     script = _gaps_script()
     key = "dtype=float32,precision=bf16,mode=any,autograd=false"
     grad = key.replace("false", "true")
@@ -724,6 +725,12 @@ def test_the_gaps_script_lists_step_rungs_timed_before_a_date_and_the_tune_that_
     assert out.startswith(f"1 tuned forward keys whose training-step rungs were timed before {script.HOST_PACED_UNTIL}")
     assert (f"autofuse tune matmul_gelu_softmax --shape {at(1024)} --dtype float32 --precision bf16 "
             f"--variants eager,simplified --batch-classes-only --rungs 8,512 --table {table}") in out
+    # the tuned keys' own step entries, which no --rungs tune re-times: both families', then one fresh
+    assert script.tuned_steps_timed_before(doc, script.HOST_PACED_UNTIL) == [
+        ("matmul_gelu_softmax", shape, grad, "eager", old) for shape in (at(1024), *other)]
+    assert f"2 tuned keys' own training-step entries timed before {script.HOST_PACED_UNTIL}" in out
+    family[at(1024)][grad]["date"] = new
+    assert [found[1] for found in script.tuned_steps_timed_before(doc, script.HOST_PACED_UNTIL)] == [*other]
 
 
 def test_the_gaps_script_runs_the_tunes_in_its_own_process_and_goes_on_past_a_failure(tmp_path, capsys, monkeypatch):

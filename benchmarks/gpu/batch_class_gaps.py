@@ -23,7 +23,8 @@ the missing ones: such a batch is served meanwhile by its nearest rung, correct 
 
 ``--timed-before DATE`` lists instead the families whose training-step rungs were timed before
 DATE (default HOST_PACED_UNTIL), and the ``--rungs`` tune that races those again, each against the
-entry it holds: until then the timer held the stream 0.5 ms a call, less than a host takes to issue
+entry it holds, then the tuned keys' own training-step entries timed before DATE, which only a
+full tune of the key times again: until then the timer held the stream 0.5 ms a call, less than a host takes to issue
 a step whose backward runs Python, so a step timed at the host's pace and a fused one lost its rung
 (99 under bf16 at 8 rows kept simplified, 0.488 ms, where cuBLAS + epilogue takes 0.182).
 """
@@ -114,6 +115,19 @@ def timed_before(doc: dict, date: str) -> list[tuple[str, str, str, list[str], l
     return found
 
 
+def tuned_steps_timed_before(doc: dict, date: str) -> list[tuple[str, str, str, str, str | None]]:
+    """(problem, shape key, autograd dispatch key, variant, date) of each tuned key's own autograd
+    entry (not a rung) timed before ``date``: a ``--rungs`` tune leaves it as it is, a full tune of
+    the key times it again."""
+    found = []
+    for problem, shapes, shape, keys, dkey, key, entry, _ in _tuned_forward(doc):
+        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str()
+        held = keys.get(grad_key)
+        if held and "rung_of" not in held and held.get("date", "") < date:
+            found.append((problem, shape, grad_key, held["variant"], held.get("date")))
+    return found
+
+
 def unserved(shapes: dict, problem: str, shape: str, key: DispatchKey) -> list[int]:
     """The batches of ``checked_batches`` that no entry of this tune (at the tuned shape, or
     ``rung_of`` it) would serve at ``key``'s own precision."""
@@ -199,6 +213,12 @@ def main(argv=None) -> int:
             except AutofuseError as exc:  # a stale entry, a key this GPU lacks: the next key still runs
                 failed += 1
                 print(f"  -> failed: {exc}", flush=True)
+    if args.timed_before:
+        steps = tuned_steps_timed_before(doc, args.timed_before)
+        print(f"{len(steps)} tuned keys' own training-step entries timed before {args.timed_before} (a full tune "
+              "of the key times them again):")
+        for problem, shape, grad_key, variant, date in steps:
+            print(f"  {problem} {shape} {grad_key}: {variant}, {date or 'undated'}")
     return 1 if failed else 0
 
 

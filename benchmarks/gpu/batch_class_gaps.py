@@ -23,10 +23,11 @@ the missing ones: such a batch is served meanwhile by its nearest rung, correct 
 
 ``--timed-before DATE`` lists instead the families whose training-step rungs were timed before
 DATE (default HOST_PACED_UNTIL), and the ``--rungs`` tune that races those again, each against the
-entry it holds, then the tuned keys' own training-step entries timed before DATE, which only a
-full tune of the key times again: until then the timer held the stream 0.5 ms a call, less than a host takes to issue
+entry it holds: until then the timer held the stream 0.5 ms a call, less than a host takes to issue
 a step whose backward runs Python, so a step timed at the host's pace and a fused one lost its rung
-(99 under bf16 at 8 rows kept simplified, 0.488 ms, where cuBLAS + epilogue takes 0.182).
+(99 under bf16 at 8 rows kept simplified, 0.488 ms, where cuBLAS + epilogue takes 0.182). Then it
+lists the tuned keys' own training-step entries timed before DATE, which only a full tune of the
+key times again.
 """
 
 from __future__ import annotations

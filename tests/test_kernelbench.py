@@ -271,6 +271,11 @@ def test_the_device_harness_script_runs_kernelbenchs_procedure_on_the_cpu(tmp_pa
     assert untuned["timing"]["grad"]["dispatch"] == "eager (no entry: reference)" and untuned["target"] == ">= 50x"
     assert (out / "matmul_gelu_softmax-fp32-new.py").read_text().count("batch_size = 16\n") == 1
     assert "| matmul_gelu_softmax | fp32 | 5/5 (5 at 0.0001) |" in (out / "harness-fp32.md").read_text()
+    # A bfloat16 model's run at the same precisions writes files of its own beside the float32 model's.
+    assert harness.main(["--device", "cpu", "--small", "--problems", "kb2-99", "--table", str(table), "--out", str(out),
+                         "--trials", "3", "--dtype", "bfloat16", "--precision", "bf16"]) == 0
+    assert "a bfloat16 model" in (out / "harness-bf16-bfloat16.md").read_text()
+    assert "a bfloat16 model" not in (out / "harness-fp32.md").read_text()
     # Grad mode's timed calls: the autograd entry, then the no-grad one once no backward came.
     switched = {"since_backward": 3, "switch_after": 3, "switched": True, "variant": "cublas_epilogue",
                 "source": "tuned"}

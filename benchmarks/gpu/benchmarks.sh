@@ -92,7 +92,7 @@ harness() {  # once per precision, over the units KernelBench has (a fresh 39 is
     done
     [ ${#problems[@]} -eq 0 ] && return
     python3 benchmarks/gpu/kernelbench_harness.py --table "$table" --precision "$1" --out "$work/harness" \
-        --device "$DEVICE" ${SMALL:+--small} --problems "$(IFS=,; echo "${problems[*]}")" $HARNESS_FLAGS 2>&1 | tee -a "$work/harness-$1.log" | grep -E "^(\||wrote|## )"
+        --device "$DEVICE" --dtype "$DTYPE" ${SMALL:+--small} --problems "$(IFS=,; echo "${problems[*]}")" $HARNESS_FLAGS 2>&1 | tee -a "$work/harness-$1.log" | grep -E "^(\||wrote|## )"
 }
 for precision in $PRECISIONS; do
     for step in $STEPS; do

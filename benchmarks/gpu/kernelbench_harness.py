@@ -251,14 +251,17 @@ def main(argv=None) -> int:
     results = [run_one(problem, precision, args) for precision in args.precision for problem in args.problems]
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     current = CURRENT_TOLERANCE[torch.float32 if args.dtype == "float32" else torch.bfloat16]
-    lines = [f"## KernelBench's harness on the exported ModelNew ({', '.join(args.precision)}; {device}, torch {torch.__version__})", "",
+    model = "" if args.dtype == "float32" else ", a bfloat16 model"
+    lines = [f"## KernelBench's harness on the exported ModelNew ({', '.join(args.precision)}{model}; {device}, "
+             f"torch {torch.__version__})", "",
              f"`benchmarks/gpu/kernelbench_harness.py`: eval_kernel_against_ref's procedure, {args.dtype}, "
              f"{args.correct_trials} correctness trials at atol = rtol = {args.tolerance:g} (in brackets: passes at "
              f"{current:g}, the current eval.py's), then {args.trials} timed trials with grad mode on, as the harness "
              "runs them; the no-grad speedup is the same timing under torch.no_grad(), for the target.", ""]
     lines += table_lines(results, args.correct_trials, current)
     print("\n" + "\n".join(lines))
-    stem = args.out / f"harness-{'-'.join(args.precision)}"
+    # A bfloat16 model's run keeps apart from a float32 model's at the same precisions.
+    stem = args.out / f"harness-{'-'.join(args.precision)}{'' if args.dtype == 'float32' else '-' + args.dtype}"
     report = {"device": device, "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")  # `autofuse bench --from-out` includes it

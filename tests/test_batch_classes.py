@@ -652,6 +652,29 @@ def test_the_gaps_script_lists_tuned_keys_without_batch_classes_and_the_tunes_th
     assert "--batch-classes-only --no-autograd-entry" in capsys.readouterr().out
 
 
+def test_the_gaps_script_keeps_to_the_gpu_it_is_asked_for(tmp_path, capsys):
+    """``--gpu NAME``: only the device sections whose name holds NAME are listed (a run on one GPU
+    cannot mend another's keys); a NAME no section holds is an error, not an empty listing."""
+    script = _gaps_script()
+    tuned = "batch_size=1024,in_features=64,out_features=32"
+    fp32, tf32 = "dtype=float32,precision=fp32,mode=train,autograd=false", "dtype=float32,precision=tf32,mode=train,autograd=false"
+    doc = {"schema": 1, "version": 1, "devices": {
+        f"cuda|NVIDIA {gpu}|sm_90": {"fingerprint": {}, "problems": {"gemm_bn": {tuned: {
+            key: {"variant": "eager", "params": {}, "candidates": {"eager": {}}}}}}}
+        for gpu, key in (("H100 80GB HBM3", fp32), ("H200", tf32))}}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(doc))
+    assert script.main(["--table", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 tuned forward keys") and fp32 in out and tf32 in out
+    assert script.main(["--table", str(table), "--gpu", "H200"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 tuned forward keys") and tf32 in out and fp32 not in out
+    with pytest.raises(SystemExit):
+        script.main(["--table", str(table), "--gpu", "A100"])
+    assert "no device of" in capsys.readouterr().err
+
+
 def test_the_gaps_script_lists_ladders_that_lack_a_rung_and_the_tune_that_races_only_those(tmp_path, capsys):
     """A family tuned before its ladder had a rung at 32: ``--missing-rungs`` lists it with a
     ``--rungs 32`` tune of its forward entry; a rung there, or an entry tuned there directly, ends

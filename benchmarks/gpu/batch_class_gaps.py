@@ -1,6 +1,6 @@
 """The tuned shape families of a dispatch table that hold no batch classes or leave batches unserved, and the tunes that mend them.
 
-    python3 benchmarks/gpu/batch_class_gaps.py [--table benchmarks/table.json] [--run] [--budget quick]
+    python3 benchmarks/gpu/batch_class_gaps.py [--table benchmarks/table.json] [--gpu H100] [--run] [--budget quick]
 
 A tune at batch B also gates and times entries for the family's other batch classes, 1 (2 for a
 training BatchNorm) to 2B (``autofuse.tuning.batch_classes``): each batch then gets an entry that
@@ -15,7 +15,9 @@ precision (``autofuse.serve.dispatch.serving``, as on the table's GPU): batches 
 whose configurations passed the gate only where gated, before ``batch_classes.bridge``; the same
 command adds the missing gates. ``--run`` runs them one after another into ``--table``, in this
 process, on the GPU the table was tuned on, and says of each how long it took or why it failed
-(exit status 1 if any did).
+(exit status 1 if any did). A table tuned on several GPUs lists every one's keys; ``--gpu NAME``
+keeps the sections whose device (``cuda|NVIDIA H100 80GB HBM3|sm_90|...``) contains NAME, the
+ones a run on that GPU can mend.
 
 ``--missing-rungs`` lists instead the families whose ladder has grown since their tune (the
 forward rungs at 32, and at 128 and 256 under bf16 and tf32: ``batch_classes.MEMORY_BOUND_RUNGS``) and the ``--rungs`` tune that races only
@@ -189,9 +191,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timed-before", nargs="?", const=HOST_PACED_UNTIL, default=None, metavar="DATE",
                     help="list the families whose training-step rungs were timed before DATE (default: when the "
                          "timer stopped timing steps at the host's pace), and the tunes that race those again")
+    ap.add_argument("--gpu", metavar="NAME", help="only the table's sections whose device contains NAME, e.g. H100")
     args = ap.parse_args(argv)
     with open(args.table) as f:
         doc = json.load(f)
+    if args.gpu:
+        doc = {**doc, "devices": {name: section for name, section in doc["devices"].items() if args.gpu in name}}
+        if not doc["devices"]:
+            ap.error(f"no device of {args.table} contains {args.gpu!r}")
     if args.timed_before:
         found = [(problem, shape, dkey, variants, True, rungs)
                  for problem, shape, dkey, variants, rungs in timed_before(doc, args.timed_before)]

@@ -657,7 +657,7 @@ def test_the_gaps_script_keeps_to_the_gpu_it_is_asked_for(tmp_path, capsys):
     cannot mend another's keys); a NAME no section holds is an error, not an empty listing."""
     script = _gaps_script()
     tuned = "batch_size=1024,in_features=64,out_features=32"
-    fp32, tf32 = "dtype=float32,precision=fp32,mode=train,autograd=false", "dtype=float32,precision=tf32,mode=train,autograd=false"
+    fp32, tf32 = (f"dtype=float32,precision={p},mode=train,autograd=false" for p in ("fp32", "tf32"))
     doc = {"schema": 1, "version": 1, "devices": {
         f"cuda|NVIDIA {gpu}|sm_90": {"fingerprint": {}, "problems": {"gemm_bn": {tuned: {
             key: {"variant": "eager", "params": {}, "candidates": {"eager": {}}}}}}}

@@ -35,6 +35,7 @@ key times again.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -76,7 +77,7 @@ def gaps(doc: dict) -> list[tuple[str, str, str, list[str], bool]]:
     with rungs that leaves a batch unserved (``unserved``)."""
     found, holed = [], []
     for problem, shapes, shape, keys, dkey, key, entry, rungs in _tuned_forward(doc):
-        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True)
+        grad_key = dataclasses.replace(key, autograd=True)
         grad = keys.get(grad_key.to_str())
         listed = (problem, shape, dkey, _raced(entry, grad), grad is not None)
         if (shape, dkey) not in rungs or (grad and (shape, grad_key.to_str()) not in rungs):
@@ -107,7 +108,7 @@ def timed_before(doc: dict, date: str) -> list[tuple[str, str, str, list[str], l
     without a date counts as before)."""
     found = []
     for problem, shapes, shape, keys, dkey, key, entry, _ in _tuned_forward(doc):
-        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str()
+        grad_key = dataclasses.replace(key, autograd=True).to_str()
         if grad_key not in keys:
             continue
         batch_dim = registry.get_problem(problem).batch_dim
@@ -124,7 +125,7 @@ def tuned_steps_timed_before(doc: dict, date: str) -> list[tuple[str, str, str, 
     the key times it again."""
     found = []
     for problem, shapes, shape, keys, dkey, key, entry, _ in _tuned_forward(doc):
-        grad_key = DispatchKey(key.dtype, key.precision, key.mode, autograd=True).to_str()
+        grad_key = dataclasses.replace(key, autograd=True).to_str()
         held = keys.get(grad_key)
         if held and "rung_of" not in held and held.get("date", "") < date:
             found.append((problem, shape, grad_key, held["variant"], held.get("date")))
